@@ -1,0 +1,144 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,63}$"
+
+
+class Quota(BaseModel):
+    """Per-tenant limits. In a PUT, an omitted field takes the platform default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_bytes: int = Field(ge=0, description="cap on live GPU buffer bytes; 0 = no GPU access")
+    max_concurrency: int = Field(ge=1, le=1024, description="invocations running at once")
+    requests_per_second: float = Field(gt=0, description="token-bucket invoke rate (burst = 2 s)")
+    max_functions: int = Field(ge=0, description="deployed functions")
+    max_module_bytes: int = Field(ge=8, description="size of one uploaded module")
+    wasm_memory_bytes: int = Field(ge=65536, description="linear memory one instance may grow to")
+    timeout_ms: int = Field(ge=1, le=3_600_000, description="wall-clock limit of one invocation")
+
+
+class QuotaUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_bytes: int | None = Field(default=None, ge=0)
+    max_concurrency: int | None = Field(default=None, ge=1, le=1024)
+    requests_per_second: float | None = Field(default=None, gt=0)
+    max_functions: int | None = Field(default=None, ge=0)
+    max_module_bytes: int | None = Field(default=None, ge=8)
+    wasm_memory_bytes: int | None = Field(default=None, ge=65536)
+    timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
+
+
+class TenantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    quota: QuotaUpdate | None = None
+
+
+class TenantUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    disabled: bool | None = None
+
+
+class TenantOut(BaseModel):
+    id: str
+    name: str
+    disabled: bool
+    quota: Quota
+    created_at: datetime
+    updated_at: datetime
+
+
+class ApiKeyCreated(BaseModel):
+    id: str
+    key: str = Field(description="the secret; shown only in this response")
+    prefix: str
+    created_at: datetime
+
+
+class ApiKeyOut(BaseModel):
+    id: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class FunctionOut(BaseModel):
+    name: str
+    version: int
+    sha256: str
+    size: int
+    env: dict[str, str]
+    content_type: str
+    timeout_ms: int | None
+    created_at: datetime
+    updated_at: datetime
+    versions: list["FunctionVersionOut"] | None = None
+
+
+class FunctionVersionOut(BaseModel):
+    version: int
+    sha256: str
+    size: int
+    created_at: datetime
+
+
+class InvocationOut(BaseModel):
+    id: str
+    function: str
+    version: int | None
+    status: str
+    started_at: datetime
+    duration_ms: float
+    exit_code: int | None
+    error: str | None
+    stderr_tail: str | None
+
+
+class KernelOut(BaseModel):
+    name: str
+    sha256: str
+    size: int
+    created_at: datetime
+    updated_at: datetime
+    source: str | None = None
+
+
+class WorkerOut(BaseModel):
+    id: str
+    pid: int | None
+    state: str
+    backend: str
+    tenant_id: str | None
+    tenant: str | None
+    gpu_bytes_in_use: int
+    gpu_bytes_cap: int
+    invocations: int
+    started_at: datetime
+
+
+class UsageOut(BaseModel):
+    tenant: str
+    quota: Quota
+    functions: int
+    kernels: int
+    running: int
+    queued: int
+    workers: int
+    gpu_bytes_in_use: int
+
+
+class Health(BaseModel):
+    status: str
+    detail: dict[str, Any] = {}

@@ -1,0 +1,428 @@
+"""The `tensorwasm` host functions (ABI.md section 2) over a Backend.
+
+State lives per invocation (handles, buffers, last error) and is torn down in `end()`, however
+the guest ended. Every host function returns an ABI code and never raises into the guest.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import wasmtime
+
+from app.gpu.backend import Backend, BackendError
+from app.gpu.signatures import (
+    IMPORT_MODULE,
+    LAST_ERROR_MAX_BYTES,
+    MAX_ARG_BYTES,
+    MAX_ARG_RECORDS,
+    SIGNATURES,
+    Code,
+    Tag,
+)
+from kernels.std_numpy import NON_NEGATIVE, STD
+
+log = logging.getLogger(__name__)
+
+_PAYLOAD = {Tag.I32: ("<i", 4, "i32"), Tag.I64: ("<q", 8, "i64"), Tag.F32: ("<f", 4, "f32"), Tag.F64: ("<d", 8, "f64")}
+_BUF_PAYLOAD = struct.Struct("<iq")
+_STD_TYPES = {"i32": Tag.I32, "f32": Tag.F32, "buf": Tag.BUFFER}
+_VALTYPES = {"i32": wasmtime.ValType.i32, "i64": wasmtime.ValType.i64}
+
+
+class AbiFailure(Exception):
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Buffer:
+    mem: Any
+    size: int
+
+
+@dataclass
+class _ModuleRef:
+    std: bool
+    name: str
+    obj: Any = None
+
+
+@dataclass
+class _FunctionRef:
+    module: _ModuleRef
+    name: str
+    obj: Any = None
+
+
+class _Instance:
+    """Handles and errors of one invocation; handle numbers start at a random base so a handle
+    remembered from another instance is almost surely unknown here."""
+
+    def __init__(self, kernels: dict[str, str]) -> None:
+        self.next_handle = random.randint(1, 1 << 24) << 4
+        self.handles: dict[int, Any] = {}
+        self.buffers = 0
+        self.modules = 0
+        self.last_error = b""
+        self.kernels = kernels
+        self.launches = 0
+        self.device_error: str | None = None
+
+    def add(self, obj: Any) -> int:
+        h = self.next_handle
+        self.next_handle += 1
+        self.handles[h] = obj
+        return h
+
+
+class AbiHost:
+    def __init__(
+        self,
+        backend: Backend,
+        max_buffers: int = 1024,
+        max_modules: int = 64,
+    ) -> None:
+        self.backend = backend
+        self.max_buffers = max_buffers
+        self.max_modules = max_modules
+        self.cap = 0
+        self.used = 0
+        self.peak = 0
+        self.tenant_kernels: dict[str, str] = {}
+        self.launches_total = 0
+        self.inst: _Instance | None = None
+        self.usage_hook: Callable[[int], None] | None = None
+        self.poisoned: str | None = None  # a sticky device error: the context is unusable
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def bind(self, cap_bytes: int) -> None:
+        self.cap = cap_bytes
+        self.backend.set_cap(cap_bytes)
+
+    def set_kernels(self, kernels: dict[str, str]) -> None:
+        self.tenant_kernels = dict(kernels)
+
+    def begin(self, invocation_id: str, kernels: dict[str, str] | None) -> None:
+        if kernels is not None:
+            self.set_kernels(kernels)
+        self.inst = _Instance(self.tenant_kernels)
+        self.peak = self.used
+
+    def end(self) -> dict[str, Any]:
+        inst, self.inst = self.inst, None
+        stats: dict[str, Any] = {"gpu_peak_bytes": self.peak, "launches": inst.launches if inst else 0}
+        if inst is not None:
+            try:
+                if self.poisoned is None:
+                    self.backend.end_invocation()
+            except BackendError as exc:
+                self.poisoned = exc.message
+            inst.handles.clear()  # drops every buffer and module reference
+            self.used = 0
+            self._report()
+        if self.poisoned is not None:
+            stats["device_error"] = True
+            stats["device_error_message"] = self.poisoned
+        return stats
+
+    def _report(self) -> None:
+        if self.usage_hook is not None:
+            self.usage_hook(self.used)
+
+    # -- linking ------------------------------------------------------------------------------
+    def define(self, linker: wasmtime.Linker) -> None:
+        for name, (params, results) in SIGNATURES.items():
+            impl = getattr(self, f"_{name}")
+            ty = wasmtime.FuncType([_VALTYPES[p]() for p in params], [_VALTYPES[r]() for r in results])
+            linker.define_func(IMPORT_MODULE, name, ty, self._wrap(name, impl), access_caller=True)
+
+    def _wrap(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
+        def host(caller: wasmtime.Caller, *args: int) -> int:
+            inst = self.inst
+            if inst is None:
+                return int(Code.INTERNAL)
+            try:
+                if self.poisoned is not None and name not in ("last_error", "device_count", "device_info"):
+                    raise AbiFailure(Code.DEVICE_ERROR, f"{name}: {self.poisoned}; this instance should stop")
+                return int(impl(caller, inst, *args))
+            except AbiFailure as exc:
+                return self._fail(inst, exc.code, exc.message)
+            except BackendError as exc:
+                if exc.code == Code.DEVICE_ERROR:
+                    self.poisoned = exc.message
+                return self._fail(inst, exc.code, exc.message)
+            except Exception as exc:  # never trap the guest for a host bug
+                log.exception("tensorwasm.%s failed", name)
+                return self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
+
+        return host
+
+    @staticmethod
+    def _fail(inst: _Instance, code: Code, message: str) -> int:
+        raw = message.encode()[:LAST_ERROR_MAX_BYTES]
+        inst.last_error = raw.decode("utf-8", "ignore").encode()
+        return int(code)
+
+    # -- guest memory -------------------------------------------------------------------------
+    @staticmethod
+    def _mem(caller: wasmtime.Caller, fn: str, ptr: int, length: int) -> int:
+        """Host address of guest range [ptr, ptr+length), bounds-checked."""
+        if length < 0:
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"{fn}: length {length} is negative")
+        mem = caller["memory"]
+        if not isinstance(mem, wasmtime.Memory):
+            raise AbiFailure(Code.INVALID_POINTER, f"{fn}: the module exports no memory")
+        ptr &= 0xFFFFFFFF  # wasm32 pointers are unsigned
+        size = mem.data_len(caller)
+        if ptr + length > size:
+            raise AbiFailure(
+                Code.INVALID_POINTER,
+                f"{fn}: range [{ptr}, {ptr + length}) is outside linear memory ({size} bytes)",
+            )
+        return ctypes.addressof(mem.data_ptr(caller).contents) + ptr
+
+    def _read_guest(self, caller: wasmtime.Caller, fn: str, ptr: int, length: int) -> bytes:
+        return ctypes.string_at(self._mem(caller, fn, ptr, length), length)
+
+    def _write_out(self, caller: wasmtime.Caller, fn: str, dst: int, dst_len: int, data: bytes) -> int:
+        if dst_len < 0:
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"{fn}: dst_len {dst_len} is negative")
+        n = min(dst_len, len(data))
+        addr = self._mem(caller, fn, dst, n)
+        ctypes.memmove(addr, data, n)
+        return len(data)
+
+    # -- handles ------------------------------------------------------------------------------
+    @staticmethod
+    def _get(inst: _Instance, fn: str, handle: int, kind: type, what: str) -> Any:
+        obj = inst.handles.get(handle)
+        if not isinstance(obj, kind):
+            raise AbiFailure(Code.INVALID_HANDLE, f"{fn}: {handle} is not a live {what} handle of this instance")
+        return obj
+
+    def _gpu_allowed(self, fn: str) -> None:
+        if self.cap <= 0:
+            raise AbiFailure(Code.UNAVAILABLE, f"{fn}: this tenant has no GPU access (gpu_memory_bytes quota is 0)")
+
+    @staticmethod
+    def _range(fn: str, buf: _Buffer, offset: int, length: int, what: str = "buffer") -> None:
+        if offset < 0 or length < 0 or offset + length > buf.size:
+            raise AbiFailure(
+                Code.INVALID_ARGUMENT,
+                f"{fn}: range [{offset}, {offset + length}) is outside the {what} ({buf.size} bytes)",
+            )
+
+    # -- 2.1 device and errors ----------------------------------------------------------------
+    def _device_count(self, caller: wasmtime.Caller, inst: _Instance) -> int:
+        return 1 if self.backend.info.backend == "cuda" and self.cap > 0 else 0
+
+    def _device_info(self, caller: wasmtime.Caller, inst: _Instance, dst: int, dst_len: int) -> int:
+        info = self.backend.info
+        doc = {
+            "backend": info.backend,
+            "name": info.name,
+            "compute_capability": info.compute_capability,
+            "memory_cap_bytes": self.cap,
+            "memory_used_bytes": self.used,
+        }
+        return self._write_out(caller, "device_info", dst, dst_len, json.dumps(doc, separators=(",", ":")).encode())
+
+    def _last_error(self, caller: wasmtime.Caller, inst: _Instance, dst: int, dst_len: int) -> int:
+        if not inst.last_error:
+            return 0
+        return self._write_out(caller, "last_error", dst, dst_len, inst.last_error)
+
+    # -- 2.2 buffers --------------------------------------------------------------------------
+    def _buffer_alloc(self, caller: wasmtime.Caller, inst: _Instance, size: int) -> int:
+        self._gpu_allowed("buffer_alloc")
+        if size <= 0:
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"buffer_alloc: size must be positive, got {size}")
+        if self.used + size > self.cap:
+            raise AbiFailure(
+                Code.QUOTA_EXCEEDED,
+                f"buffer_alloc: {size} bytes would exceed the tenant GPU memory cap ({self.cap} bytes, {self.used} in use)",
+            )
+        if inst.buffers >= self.max_buffers:
+            raise AbiFailure(Code.QUOTA_EXCEEDED, f"buffer_alloc: at most {self.max_buffers} live buffers per instance")
+        mem = self.backend.alloc(size)
+        self.used += size
+        self.peak = max(self.peak, self.used)
+        inst.buffers += 1
+        self._report()
+        return inst.add(_Buffer(mem, size))
+
+    def _buffer_free(self, caller: wasmtime.Caller, inst: _Instance, handle: int) -> int:
+        buf = self._get(inst, "buffer_free", handle, _Buffer, "buffer")
+        del inst.handles[handle]
+        self.backend.free(buf.mem)
+        self.used -= buf.size
+        inst.buffers -= 1
+        self._report()
+        return 0
+
+    def _buffer_size(self, caller: wasmtime.Caller, inst: _Instance, handle: int) -> int:
+        return self._get(inst, "buffer_size", handle, _Buffer, "buffer").size  # type: ignore[no-any-return]
+
+    def _buffer_write(self, caller: wasmtime.Caller, inst: _Instance, handle: int, offset: int, src: int, length: int) -> int:
+        buf = self._get(inst, "buffer_write", handle, _Buffer, "buffer")
+        addr = self._mem(caller, "buffer_write", src, length)
+        self._range("buffer_write", buf, offset, length)
+        if length:
+            self.backend.write(buf.mem, offset, addr, length)
+        return 0
+
+    def _buffer_read(self, caller: wasmtime.Caller, inst: _Instance, handle: int, offset: int, dst: int, length: int) -> int:
+        buf = self._get(inst, "buffer_read", handle, _Buffer, "buffer")
+        addr = self._mem(caller, "buffer_read", dst, length)
+        self._range("buffer_read", buf, offset, length)
+        if length:
+            self.backend.read(buf.mem, offset, addr, length)
+        else:
+            self.backend.synchronize()
+        return 0
+
+    def _buffer_copy(self, caller: wasmtime.Caller, inst: _Instance, dst: int, dst_offset: int, src: int, src_offset: int, length: int) -> int:
+        d = self._get(inst, "buffer_copy", dst, _Buffer, "buffer")
+        s = self._get(inst, "buffer_copy", src, _Buffer, "buffer")
+        self._range("buffer_copy", d, dst_offset, length, "destination buffer")
+        self._range("buffer_copy", s, src_offset, length, "source buffer")
+        if length:
+            self.backend.copy(d.mem, dst_offset, s.mem, src_offset, length)
+        return 0
+
+    # -- 2.3 kernels --------------------------------------------------------------------------
+    def _add_module(self, inst: _Instance, ref: _ModuleRef) -> int:
+        if inst.modules >= self.max_modules:
+            raise AbiFailure(Code.QUOTA_EXCEEDED, f"at most {self.max_modules} modules per instance")
+        inst.modules += 1
+        return inst.add(ref)
+
+    def _module_load(self, caller: wasmtime.Caller, inst: _Instance, src: int, src_len: int, fmt: int) -> int:
+        self._gpu_allowed("module_load")
+        if fmt not in (0, 1):
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"module_load: unknown format {fmt} (0 = CUDA C++, 1 = PTX)")
+        if src_len <= 0:
+            raise AbiFailure(Code.INVALID_ARGUMENT, "module_load: the source is empty")
+        source = self._read_guest(caller, "module_load", src, src_len)
+        obj = self.backend.load_module(source, fmt)
+        return self._add_module(inst, _ModuleRef(std=False, name="<loaded>", obj=obj))
+
+    def _module_get(self, caller: wasmtime.Caller, inst: _Instance, name_ptr: int, name_len: int) -> int:
+        name = self._read_guest(caller, "module_get", name_ptr, name_len).decode("utf-8", "replace")
+        if name == "std":
+            self._gpu_allowed("module_get")
+            return self._add_module(inst, _ModuleRef(std=True, name="std"))
+        source = inst.kernels.get(name)
+        if source is None:
+            raise AbiFailure(Code.NOT_FOUND, f"module_get: no module named {name!r} (std, or a kernel registered with PUT /v1/kernels/{{name}})")
+        self._gpu_allowed("module_get")
+        obj = self.backend.load_module(source.encode(), 0)
+        return self._add_module(inst, _ModuleRef(std=False, name=name, obj=obj))
+
+    def _function_get(self, caller: wasmtime.Caller, inst: _Instance, module: int, name_ptr: int, name_len: int) -> int:
+        mod = self._get(inst, "function_get", module, _ModuleRef, "module")
+        name = self._read_guest(caller, "function_get", name_ptr, name_len).decode("utf-8", "replace")
+        if mod.std:
+            if name not in STD:
+                raise AbiFailure(Code.NOT_FOUND, f"function_get: std has no function {name!r}; it has {', '.join(STD)}")
+            return inst.add(_FunctionRef(mod, name))
+        if not name.isidentifier() or not name.isascii():
+            raise AbiFailure(Code.NOT_FOUND, f"function_get: {name!r} is not a valid kernel name")
+        return inst.add(_FunctionRef(mod, name, self.backend.get_function(mod.obj, name)))
+
+    def _parse_args(self, caller: wasmtime.Caller, inst: _Instance, ptr: int, length: int) -> list[tuple[Tag, Any]]:
+        if length < 0 or length > MAX_ARG_BYTES:
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: argument records must be 0..{MAX_ARG_BYTES} bytes, got {length}")
+        raw = self._read_guest(caller, "launch", ptr, length)
+        out: list[tuple[Tag, Any]] = []
+        pos = 0
+        while pos < len(raw):
+            if len(out) >= MAX_ARG_RECORDS:
+                raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: more than {MAX_ARG_RECORDS} argument records")
+            tag = raw[pos]
+            pos += 1
+            if tag == Tag.BUFFER:
+                if pos + 12 > len(raw):
+                    raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: record {len(out)} (buffer) is truncated")
+                handle, offset = _BUF_PAYLOAD.unpack_from(raw, pos)
+                pos += 12
+                buf = self._get(inst, "launch", handle, _Buffer, "buffer")
+                if offset < 0 or offset > buf.size:
+                    raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: record {len(out)}: offset {offset} is outside the buffer ({buf.size} bytes)")
+                out.append((Tag.BUFFER, (buf, offset)))
+            elif tag in _PAYLOAD:
+                fmt, size, _ = _PAYLOAD[Tag(tag)]
+                if pos + size > len(raw):
+                    raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: record {len(out)} is truncated")
+                out.append((Tag(tag), struct.unpack_from(fmt, raw, pos)[0]))
+                pos += size
+            else:
+                raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: record {len(out)} has unknown tag 0x{tag:02x}")
+        return out
+
+    def _check_dims(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int) -> None:
+        lim = self.backend.info.limits
+        if min(grid) < 1 or min(block) < 1:
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: grid {grid} and block {block} must all be >= 1")
+        if any(g > m for g, m in zip(grid, lim.max_grid)):
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: grid {grid} exceeds the device maximum {lim.max_grid}")
+        if any(b > m for b, m in zip(block, lim.max_block)) or block[0] * block[1] * block[2] > lim.max_threads_per_block:
+            raise AbiFailure(
+                Code.INVALID_ARGUMENT,
+                f"launch: block {block} exceeds the device maximum {lim.max_block} / {lim.max_threads_per_block} threads",
+            )
+        if shared < 0 or shared > lim.max_shared_bytes:
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: shared_bytes must be 0..{lim.max_shared_bytes}, got {shared}")
+
+    def _launch(self, caller: wasmtime.Caller, inst: _Instance, fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, args: int, args_len: int) -> int:
+        ref = self._get(inst, "launch", fn, _FunctionRef, "kernel function")
+        grid, block = (gx, gy, gz), (bx, by, bz)
+        self._check_dims(grid, block, shared)
+        records = self._parse_args(caller, inst, args, args_len)
+        if ref.module.std:
+            self._launch_std(ref.name, grid, block, records)
+        else:
+            self.backend.launch(ref.obj, grid, block, shared, [(v[0].mem, v[1]) if t == Tag.BUFFER else _typed(t, v) for t, v in records])
+        inst.launches += 1
+        self.launches_total += 1
+        return 0
+
+    def _launch_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], records: list[tuple[Tag, Any]]) -> None:
+        spec = STD[name]
+        if len(records) != len(spec.params) or any(t != _STD_TYPES[p] for (t, _), p in zip(records, spec.params)):
+            want = ", ".join(spec.params)
+            got = ", ".join(Tag(t).name.lower() for t, _ in records)
+            raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: std.{name} takes ({want}), got ({got})")
+        values = [v for _, v in records]
+        for i in NON_NEGATIVE[name]:
+            if values[i] < 0:
+                raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: std.{name} argument {i} must be >= 0, got {values[i]}")
+        for i, need in spec.needs(values).items():
+            buf, offset = values[i]
+            if offset + need > buf.size:
+                raise AbiFailure(
+                    Code.INVALID_ARGUMENT,
+                    f"launch: std.{name} argument {i} needs {need} bytes from offset {offset}, the buffer has {buf.size}",
+                )
+        args = [self.backend.view(v[0].mem, v[1]) if p == "buf" else v for p, v in zip(spec.params, values)]
+        self.backend.launch_std(name, grid, block, args)
+
+    def _synchronize(self, caller: wasmtime.Caller, inst: _Instance) -> int:
+        self.backend.synchronize()
+        return 0
+
+
+def _typed(tag: Tag, value: Any) -> Any:
+    import numpy as np
+
+    return {Tag.I32: np.int32, Tag.I64: np.int64, Tag.F32: np.float32, Tag.F64: np.float64}[tag](value)

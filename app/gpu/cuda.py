@@ -1,0 +1,202 @@
+"""CUDA backend through CuPy: one context per worker process, the tenant's buffers in a capped
+managed-memory pool, kernels from NVRTC (RawModule), launches on the worker's non-blocking stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
+from app.gpu.signatures import FORMAT_PTX, Code
+from app.settings import REPO_ROOT
+from kernels.std_numpy import STD
+
+log = logging.getLogger(__name__)
+
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred (managed memory included)
+_SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+
+
+def cuda_available() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.cuda.runtime.getDeviceCount() > 0)
+    except Exception:
+        return False
+
+
+class _Module:
+    __slots__ = ("raw", "std")
+
+    def __init__(self, raw: Any, std: bool) -> None:
+        self.raw = raw
+        self.std = std
+
+
+class CudaBackend:
+    def __init__(self, cache_dir: Path) -> None:
+        import cupy
+
+        self.cp = cupy
+        self.rt = cupy.cuda.runtime
+        self.device_id = 0
+        cupy.cuda.Device(self.device_id).use()
+        props = self.rt.getDeviceProperties(self.device_id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.info = DeviceInfo(
+            backend="cuda",
+            name=name,
+            compute_capability=f"{props['major']}{props['minor']}",
+            total_memory_bytes=int(props["totalGlobalMem"]),
+            limits=DeviceLimits(
+                max_threads_per_block=int(props["maxThreadsPerBlock"]),
+                max_block=tuple(int(v) for v in props["maxThreadsDim"]),  # type: ignore[arg-type]
+                max_grid=tuple(int(v) for v in props["maxGridSize"]),  # type: ignore[arg-type]
+                max_shared_bytes=int(props["sharedMemPerBlock"]),
+            ),
+        )
+        self.pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream.use()
+        self._ptx_dir = cache_dir / "ptx"
+        self._ptx_dir.mkdir(parents=True, exist_ok=True)
+        self._compiled: dict[str, Any] = {}  # source sha256 -> RawModule (this worker's cache)
+        self._prefetch = True
+        std_src = (REPO_ROOT / "kernels" / "std.cu").read_text()
+        self.std = self.cp.RawModule(code=std_src, options=("-std=c++17",))
+        self.std.compile()
+        self._std_fns = {n: self.std.get_function(n) for n in STD if n != "gemm_f32"}
+        # warm cuBLAS (handle creation costs ~100 ms) so a tenant's first gemm does not pay it
+        w = cupy.ones((8, 8), dtype=cupy.float32)
+        cupy.matmul(w, w)
+        self.stream.synchronize()
+
+    # -- memory ---------------------------------------------------------------------------
+    def set_cap(self, cap_bytes: int) -> None:
+        self.pool.set_limit(size=cap_bytes)
+
+    def alloc(self, size: int) -> Any:
+        try:
+            mem = self.pool.malloc(size)
+        except self.cp.cuda.memory.OutOfMemoryError:
+            raise BackendError(
+                Code.QUOTA_EXCEEDED, f"buffer_alloc: the device pool could not provide {size} bytes"
+            ) from None
+        if self._prefetch:
+            try:
+                self.rt.memPrefetchAsync(mem.ptr, size, self.device_id, self.stream.ptr)
+            except Exception:  # older/newer runtimes differ in signature: prefetch is an optimisation
+                self._prefetch = False
+        self.rt.memsetAsync(mem.ptr, 0, size, self.stream.ptr)
+        return mem
+
+    def free(self, buf: Any) -> None:
+        # Dropping the last reference returns the block to the pool. CuPy's pool is stream
+        # ordered, so a block still used by queued work on our stream is reused only after it.
+        del buf
+
+    def write(self, buf: Any, offset: int, src_addr: int, length: int) -> None:
+        self.rt.memcpyAsync(buf.ptr + offset, src_addr, length, _MEMCPY_DEFAULT, self.stream.ptr)
+
+    def read(self, buf: Any, offset: int, dst_addr: int, length: int) -> None:
+        self.rt.memcpyAsync(dst_addr, buf.ptr + offset, length, _MEMCPY_DEFAULT, self.stream.ptr)
+        self.synchronize()
+
+    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, length: int) -> None:
+        self.rt.memcpyAsync(dst.ptr + dst_offset, src.ptr + src_offset, length, _MEMCPY_DEFAULT, self.stream.ptr)
+
+    def view(self, buf: Any, offset: int) -> Any:
+        return (buf, offset)
+
+    # -- kernels --------------------------------------------------------------------------
+    def load_module(self, source: bytes, fmt: int) -> _Module:
+        key = hashlib.sha256(bytes([fmt]) + source).hexdigest()
+        raw = self._compiled.get(key)
+        if raw is None:
+            try:
+                if fmt == FORMAT_PTX:
+                    path = self._ptx_dir / f"{key}.ptx"
+                    path.write_bytes(source)
+                    raw = self.cp.RawModule(path=str(path))
+                    raw.get_function  # noqa: B018 - loaded lazily; force below
+                    raw.module  # noqa: B018
+                else:
+                    raw = self.cp.RawModule(code=source.decode("utf-8"), options=("-std=c++17",))
+                    raw.compile()
+            except UnicodeDecodeError:
+                raise BackendError(Code.COMPILE_FAILED, "module_load: CUDA source must be UTF-8 text") from None
+            except Exception as exc:  # CompileException, CUDADriverError (bad PTX)
+                raise BackendError(Code.COMPILE_FAILED, f"module_load: {_short(exc)}") from None
+            self._compiled[key] = raw
+        return _Module(raw, std=False)
+
+    def get_function(self, module: _Module, name: str) -> Any:
+        try:
+            return module.raw.get_function(name)
+        except Exception:
+            raise BackendError(Code.NOT_FOUND, f"function_get: no kernel named {name!r} in this module") from None
+
+    def _scalar_or_ptr(self, arg: Any) -> Any:
+        if isinstance(arg, tuple):  # (buffer, offset)
+            return np.uint64(arg[0].ptr + arg[1])
+        return arg
+
+    def launch_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:
+        if name == "gemm_f32":
+            self._gemm(args)
+            return
+        params = STD[name].params
+        kargs = tuple(
+            np.uint64(a[0].ptr + a[1]) if p == "buf" else _SCALARS[p](a) for p, a in zip(params, args)
+        )
+        self._launch(self._std_fns[name], grid, block, 0, kargs)
+
+    def _gemm(self, args: list[Any]) -> None:
+        cp = self.cp
+        (a, ao), (b, bo), (c, co), m, n, k = args
+        if m == 0 or n == 0:
+            return
+        A = cp.ndarray((m, k), dtype=cp.float32, memptr=a + ao)
+        B = cp.ndarray((k, n), dtype=cp.float32, memptr=b + bo)
+        C = cp.ndarray((m, n), dtype=cp.float32, memptr=c + co)
+        if k == 0:
+            C.fill(0)
+            return
+        cp.matmul(A, B, out=C)
+
+    def launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> None:
+        self._launch(fn, grid, block, shared, tuple(self._scalar_or_ptr(a) for a in args))
+
+    def _launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, kargs: tuple[Any, ...]) -> None:
+        try:
+            fn(grid, block, kargs, shared_mem=shared)
+        except self.cp.cuda.driver.CUDADriverError as exc:
+            if _sticky(str(exc)):
+                raise BackendError(Code.DEVICE_ERROR, f"launch: {_short(exc)}") from None
+            raise BackendError(Code.LAUNCH_FAILED, f"launch: {_short(exc)}") from None
+
+    def synchronize(self) -> None:
+        try:
+            self.stream.synchronize()
+        except Exception as exc:
+            raise BackendError(Code.DEVICE_ERROR, f"synchronize: the device failed: {_short(exc)}") from None
+
+    def end_invocation(self) -> None:
+        # Pooled blocks stay cached for the next call of the same tenant (a worker never
+        # changes tenant); every new buffer is zeroed at alloc, so nothing carries over.
+        self.synchronize()
+
+
+def _sticky(message: str) -> bool:
+    return any(s in message for s in ("ILLEGAL_ADDRESS", "LAUNCH_FAILED", "ILLEGAL_INSTRUCTION", "MISALIGNED", "HARDWARE_STACK", "INVALID_PC", "ASSERT"))
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text[:900] if text else type(exc).__name__

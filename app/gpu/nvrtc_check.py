@@ -1,0 +1,40 @@
+"""Compile-check CUDA source at upload time with NVRTC, without creating a CUDA context.
+
+The api process never holds a context (workers do); NVRTC is a pure compiler library.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc():  # type: ignore[no-untyped-def]
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception:
+        return None
+
+
+def compiler_available() -> bool:
+    return _nvrtc() is not None
+
+
+def check_cuda_source(source: str, arch: str | None = None) -> str | None:
+    """None if the source compiles (or no compiler is present here), else the compiler log."""
+    nvrtc = _nvrtc()
+    if nvrtc is None:
+        return None
+    options = [b"-std=c++17"] + ([f"--gpu-architecture=compute_{arch}".encode()] if arch else [])
+    prog = nvrtc.createProgram(source, "kernel.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, options)
+        return None
+    except nvrtc.NVRTCError:
+        log = nvrtc.getProgramLog(prog)
+        return (log.decode() if isinstance(log, bytes) else str(log)).strip()[:4000] or "compilation failed"
+    finally:
+        nvrtc.destroyProgram(prog)

@@ -1,0 +1,75 @@
+"""The FastAPI application and its lifespan (the long-lived objects of one api process)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app import __version__
+from app.api.errors import install_error_handlers
+from app.api.routers import admin, functions, health, invocations, kernels, usage
+from app.db.session import create_engine_for, create_sessionmaker
+from app.platform import Platform
+from app.runtime.artifacts import ArtifactCache
+from app.runtime.compiler import ModuleCompiler
+from app.scheduler.scheduler import Scheduler
+from app.services.api_keys import AuthCache
+from app.services.invocations import FunctionCache, InvocationRecorder
+from app.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    settings.ensure_data_dir()
+    token, generated = settings.ensure_admin_token()
+    if generated:
+        print(
+            f"TensorWasm generated an admin token (saved in {settings.data_dir / 'admin_token'}):\n  {token}",
+            file=sys.stderr,
+            flush=True,
+        )
+    engine = create_engine_for(settings.resolved_database_url)
+    sessionmaker = create_sessionmaker(engine)
+    compiler = ModuleCompiler(ArtifactCache(settings.cache_dir))
+    scheduler = Scheduler(settings)
+    recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size)
+    platform = Platform(
+        settings=settings,
+        engine=engine,
+        sessionmaker=sessionmaker,
+        compiler=compiler,
+        auth_cache=AuthCache(settings.cache_ttl_s),
+        function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s),
+        recorder=recorder,
+        scheduler=scheduler,
+    )
+    app.state.platform = platform
+    recorder.start()
+    await scheduler.start(wait=True)
+    try:
+        yield
+    finally:
+        await recorder.stop()
+        await scheduler.stop()
+        await engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    app = FastAPI(
+        title="TensorWasm",
+        version=__version__,
+        description="Multi-tenant WebAssembly functions over HTTP, with guest-launched CUDA kernels.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings or get_settings()
+    install_error_handlers(app)
+    for r in (health.router, admin.router, functions.router, invocations.router, kernels.router, usage.router):
+        app.include_router(r)
+    return app

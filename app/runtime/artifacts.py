@@ -1,0 +1,41 @@
+"""On-disk cache of compiled modules, keyed by module sha256 and engine fingerprint.
+
+Only this platform writes the cache directory (mode 0700, inside the data dir), so only
+artifacts it produced are ever deserialized.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import wasmtime
+
+from app.runtime.engine import config_fingerprint
+
+
+class ArtifactCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root / "modules" / config_fingerprint()
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def path_for(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.cwasm"
+
+    def has(self, sha256: str) -> bool:
+        return self.path_for(sha256).exists()
+
+    def store(self, sha256: str, module: wasmtime.Module) -> Path:
+        path = self.path_for(sha256)
+        if path.exists():
+            return path
+        data = module.serialize()
+        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # atomic: a reader sees the whole artifact or none
+        return path
+
+    def load(self, engine: wasmtime.Engine, sha256: str) -> wasmtime.Module:
+        return wasmtime.Module.deserialize_file(engine, str(self.path_for(sha256)))

@@ -1,0 +1,240 @@
+"""Run one guest invocation inside a worker: fresh Store + instance from a cached InstancePre.
+
+The hot path. Per call: one Store, one WasiConfig (stdin from a reused memfd, no temp file),
+one instantiate, one `_start` call. stdout/stderr go through our own `fd_write` so the caps are
+enforced at the write that crosses them, and a flood traps at once instead of spinning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import wasmtime
+
+from app.runtime.artifacts import ArtifactCache
+
+WASI = "wasi_snapshot_preview1"
+_EBADF, _EFAULT = 8, 21
+_IOVEC = struct.Struct("<II")
+_U32 = struct.Struct("<I")
+
+
+class OutputLimitExceeded(Exception):
+    pass
+
+
+class HostAbi(Protocol):
+    """The `tensorwasm` import module as seen by the runner (app/gpu/abi.py)."""
+
+    def define(self, linker: wasmtime.Linker) -> None: ...
+    def begin(self, invocation_id: str, kernels: dict[str, str] | None) -> None: ...
+    def end(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class RunRequest:
+    invocation_id: str
+    function: str
+    sha256: str
+    env: dict[str, str]
+    timeout_ms: int
+    wasm_memory_bytes: int
+    stdout_limit: int
+    stderr_limit: int
+    kernels: dict[str, str] | None = None
+
+
+@dataclass
+class RunResult:
+    status: str  # ok | exit | trap | timeout | output_limit | error | device_error
+    exit_code: int | None = None
+    error: str | None = None
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytes = b""
+    duration_ms: float = 0.0
+    host: dict[str, Any] = field(default_factory=dict)
+
+
+class _Sink:
+    __slots__ = ("buf", "limit", "tail_only")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.limit = 0
+        self.tail_only = False
+
+    def reset(self, limit: int, tail_only: bool) -> None:
+        self.buf = bytearray()
+        self.limit = limit
+        self.tail_only = tail_only
+
+    def write(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > self.limit:
+            if self.tail_only:
+                del self.buf[: len(self.buf) - self.limit]
+            else:
+                raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
+
+
+class _Ticker(threading.Thread):
+    def __init__(self, engine: wasmtime.Engine, tick_s: float) -> None:
+        super().__init__(name="epoch-ticker", daemon=True)
+        self.engine = engine
+        self.tick_s = tick_s
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.tick_s)
+            self.engine.increment_epoch()
+
+
+def _memfd() -> tuple[int, str]:
+    try:
+        fd = os.memfd_create("tensorwasm-stdin", os.MFD_CLOEXEC)
+        return fd, f"/proc/self/fd/{fd}"
+    except (AttributeError, OSError):  # not Linux: one reused temp file
+        fd, path = tempfile.mkstemp(prefix="tw-stdin-")
+        return fd, path
+
+
+class GuestRunner:
+    def __init__(
+        self, engine: wasmtime.Engine, artifacts: ArtifactCache, host: HostAbi | None, tick_ms: int
+    ) -> None:
+        self.engine = engine
+        self.artifacts = artifacts
+        self.host = host
+        self.tick_ms = tick_ms
+        self.linker = wasmtime.Linker(engine)
+        self.linker.define_wasi()
+        self.linker.allow_shadowing = True
+        i32 = wasmtime.ValType.i32()
+        self.linker.define_func(
+            WASI, "fd_write", wasmtime.FuncType([i32, i32, i32, i32], [i32]), self._fd_write, access_caller=True
+        )
+        if host is not None:
+            host.define(self.linker)
+        self._pres: OrderedDict[str, wasmtime.InstancePre] = OrderedDict()
+        self._stdout = _Sink()
+        self._stderr = _Sink()
+        self._stdin_fd, self._stdin_path = _memfd()
+        _Ticker(engine, tick_ms / 1000).start()
+
+    # -- module cache -------------------------------------------------------------------------
+    def _instance_pre(self, sha256: str) -> wasmtime.InstancePre:
+        pre = self._pres.get(sha256)
+        if pre is not None:
+            self._pres.move_to_end(sha256)
+            return pre
+        pre = self.linker.instantiate_pre(self.artifacts.load(self.engine, sha256))
+        self._pres[sha256] = pre
+        if len(self._pres) > 64:
+            self._pres.popitem(last=False)
+        return pre
+
+    def forget_modules(self) -> None:
+        self._pres.clear()
+
+    # -- WASI stdout/stderr -------------------------------------------------------------------
+    def _fd_write(self, caller: wasmtime.Caller, fd: int, iovs: int, iovs_len: int, nwritten: int) -> int:
+        if fd == 1:
+            sink = self._stdout
+        elif fd == 2:
+            sink = self._stderr
+        else:
+            return _EBADF
+        mem = caller["memory"]
+        assert isinstance(mem, wasmtime.Memory)
+        size = mem.data_len(caller)
+        base = ctypes.addressof(mem.data_ptr(caller).contents)
+        if iovs < 0 or iovs_len < 0 or iovs + 8 * iovs_len > size or nwritten + 4 > size:
+            return _EFAULT
+        total = 0
+        for ptr, length in _IOVEC.iter_unpack(ctypes.string_at(base + iovs, 8 * iovs_len)):
+            if ptr + length > size:
+                return _EFAULT
+            if length:
+                sink.write(ctypes.string_at(base + ptr, length))
+                total += length
+        ctypes.memmove(base + nwritten, _U32.pack(total), 4)
+        return 0
+
+    # -- one invocation -----------------------------------------------------------------------
+    def run(self, req: RunRequest, stdin: bytes) -> RunResult:
+        started = time.perf_counter()
+        os.ftruncate(self._stdin_fd, 0)
+        if stdin:
+            os.pwrite(self._stdin_fd, stdin, 0)
+        self._stdout.reset(req.stdout_limit, tail_only=False)
+        self._stderr.reset(req.stderr_limit, tail_only=True)
+        result = RunResult(status="ok")
+        if self.host is not None:
+            self.host.begin(req.invocation_id, req.kernels)
+        try:
+            pre = self._instance_pre(req.sha256)
+            store = wasmtime.Store(self.engine)
+            store.set_limits(memory_size=req.wasm_memory_bytes)
+            wasi = wasmtime.WasiConfig()
+            wasi.argv = [req.function]
+            wasi.env = list(req.env.items())
+            wasi.stdin_file = self._stdin_path
+            store.set_wasi(wasi)
+            store.set_epoch_deadline(max(1, -(-req.timeout_ms // self.tick_ms)) + 1)
+            try:
+                instance = pre.instantiate(store)
+                start = instance.exports(store)["_start"]
+                assert isinstance(start, wasmtime.Func)
+                start(store)
+            except wasmtime.ExitTrap as exc:
+                if exc.code != 0:
+                    result.status, result.exit_code = "exit", exc.code
+                    result.error = f"guest exited with code {exc.code}"
+                else:
+                    result.exit_code = 0
+            except OutputLimitExceeded as exc:
+                result.status, result.error = "output_limit", str(exc)
+            except wasmtime.Trap as exc:
+                if exc.trap_code == wasmtime.TrapCode.INTERRUPT:
+                    result.status = "timeout"
+                    result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
+                else:
+                    result.status, result.error = "trap", _first_line(str(exc))
+            except wasmtime.WasmtimeError as exc:
+                result.status, result.error = "error", _instantiate_error(str(exc), req)
+            if result.exit_code is None and result.status == "ok":
+                result.exit_code = 0
+        finally:
+            if self.host is not None:
+                result.host = self.host.end()
+        if result.host.get("device_error") and result.status in ("ok", "exit", "trap"):
+            result.status = "device_error"
+            result.error = result.host.get("device_error_message") or "the GPU failed while running this invocation"
+        result.stdout = self._stdout.buf
+        result.stderr = bytes(self._stderr.buf)
+        result.duration_ms = (time.perf_counter() - started) * 1000
+        return result
+
+
+def _first_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    msg = lines[0] if lines else "trap"
+    # keep the wasm backtrace's first frame: it tells the guest author where it trapped
+    for ln in lines[1:]:
+        if ln.strip().startswith("0:"):
+            return f"{msg} at {ln.strip()[2:].strip()}"
+    return msg
+
+
+def _instantiate_error(text: str, req: RunRequest) -> str:
+    if "memory" in text and ("limit" in text or "minimum" in text or "grow" in text):
+        return f"the module needs more linear memory than the tenant's limit ({req.wasm_memory_bytes} bytes)"
+    return _first_line(text)

@@ -1,0 +1,1 @@
+"""Business rules. Services flush but never commit: the caller owns the transaction."""

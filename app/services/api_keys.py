@@ -1,0 +1,95 @@
+"""API keys: random `tw_` tokens, shown once, stored as SHA-256, compared in constant time.
+
+Keys carry 256 random bits, so a fast hash is enough (no password stretching needed); the
+prefix narrows the lookup so comparison happens against one or two rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.api.errors import not_found
+from app.db.models import ApiKey, utcnow
+from app.db.repositories.api_keys import ApiKeyRepository
+from app.services.principal import TenantPrincipal
+
+KEY_PREFIX = "tw_"
+PREFIX_LEN = len(KEY_PREFIX) + 8
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class ApiKeyService:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+        self.repo = ApiKeyRepository(session)
+
+    async def create(self, tenant_id: str) -> tuple[ApiKey, str]:
+        key = generate_key()
+        row = await self.repo.add(ApiKey(tenant_id=tenant_id, prefix=key[:PREFIX_LEN], key_hash=hash_key(key)))
+        return row, key
+
+    async def list(self, tenant_id: str) -> Sequence[ApiKey]:
+        return await self.repo.list_for_tenant(tenant_id)
+
+    async def revoke(self, tenant_id: str, key_id: str) -> None:
+        row = await self.repo.get_for_tenant(tenant_id, key_id)
+        if row is None:
+            raise not_found("api key")
+        if row.revoked_at is None:
+            row.revoked_at = utcnow()
+            await self.session.flush()
+
+    async def authenticate(self, key: str) -> tuple[str, TenantPrincipal] | None:
+        if not key.startswith(KEY_PREFIX) or len(key) < PREFIX_LEN + 8:
+            return None
+        digest = hash_key(key)
+        for row, tenant in await self.repo.active_candidates(key[:PREFIX_LEN]):
+            if hmac.compare_digest(row.key_hash, digest):
+                return row.id, TenantPrincipal.of(tenant)
+        return None
+
+
+@dataclass
+class _Entry:
+    principal: TenantPrincipal
+    key_id: str
+    expires: float
+
+
+class AuthCache:
+    """Per-node cache of key -> tenant so the invoke path does not hit the database.
+
+    Admin changes on this node invalidate it at once; other nodes converge within the TTL.
+    """
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, _Entry] = {}
+
+    def get(self, digest: str) -> TenantPrincipal | None:
+        entry = self._entries.get(digest)
+        if entry is None or entry.expires < time.monotonic():
+            return None
+        return entry.principal
+
+    def put(self, digest: str, key_id: str, principal: TenantPrincipal) -> None:
+        if len(self._entries) > 10_000:
+            self._entries.clear()
+        self._entries[digest] = _Entry(principal, key_id, time.monotonic() + self.ttl_s)
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -1,0 +1,268 @@
+"""The invoke path: cached function metadata, the scheduler call, result mapping, and
+invocation records written in batches off the hot path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.api.errors import ApiError, not_found
+from app.db.repositories.functions import FunctionRepository
+from app.db.repositories.invocations import InvocationRepository
+from app.db.repositories.kernels import KernelRepository
+from app.runtime.compiler import ModuleCompiler
+from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
+from app.services.principal import TenantPrincipal
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FunctionMeta:
+    name: str
+    version: int
+    sha256: str
+    env: dict[str, str]
+    content_type: str
+    timeout_ms: int | None
+    artifact: Path
+    expires: float
+
+
+class FunctionCache:
+    """(tenant, function) -> what a worker needs to run it; deploys on this node invalidate."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float) -> None:
+        self.sessionmaker = sessionmaker
+        self.compiler = compiler
+        self.ttl_s = ttl_s
+        self._fns: dict[tuple[str, str], FunctionMeta] = {}
+        self._kernels: dict[str, tuple[float, KernelSet]] = {}
+        self._kernel_versions: dict[str, int] = {}
+
+    async def function(self, tenant_id: str, name: str) -> FunctionMeta:
+        key = (tenant_id, name)
+        meta = self._fns.get(key)
+        if meta is not None and meta.expires > time.monotonic():
+            return meta
+        async with self.sessionmaker() as session:
+            repo = FunctionRepository(session, tenant_id)
+            fn = await repo.get(name)
+            if fn is None:
+                raise not_found(f"function {name!r}")
+            ver = await repo.version_meta(fn, fn.current_version)
+            if ver is None:
+                raise not_found(f"function {name!r}")
+            sha = ver[0]
+            if not self.compiler.cache.has(sha):  # deployed through another node
+                wasm = await repo.module_bytes(fn, fn.current_version)
+                assert wasm is not None
+                await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
+            meta = FunctionMeta(
+                name=fn.name,
+                version=fn.current_version,
+                sha256=sha,
+                env=dict(fn.env or {}),
+                content_type=fn.content_type,
+                timeout_ms=fn.timeout_ms,
+                artifact=self.compiler.cache.path_for(sha),
+                expires=time.monotonic() + self.ttl_s,
+            )
+        self._fns[key] = meta
+        return meta
+
+    async def kernels(self, tenant_id: str) -> KernelSet:
+        hit = self._kernels.get(tenant_id)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        async with self.sessionmaker() as session:
+            sources = await KernelRepository(session, tenant_id).sources()
+        old = hit[1] if hit else None
+        version = self._kernel_versions.get(tenant_id, 0)
+        if old is None or old.sources != sources:
+            version += 1
+            self._kernel_versions[tenant_id] = version
+        ks = KernelSet(version, sources)
+        self._kernels[tenant_id] = (time.monotonic() + self.ttl_s, ks)
+        return ks
+
+    def drop(self, tenant_id: str, name: str) -> None:
+        self._fns.pop((tenant_id, name), None)
+
+    def drop_kernels(self, tenant_id: str) -> None:
+        self._kernels.pop(tenant_id, None)
+
+    def drop_tenant(self, tenant_id: str) -> None:
+        for key in [k for k in self._fns if k[0] == tenant_id]:
+            del self._fns[key]
+        self._kernels.pop(tenant_id, None)
+
+
+class InvocationRecorder:
+    """Buffers invocation records and writes them in batches; callers never wait on the DB."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int) -> None:
+        self.sessionmaker = sessionmaker
+        self.interval_s = interval_s
+        self.batch = batch
+        self._pending: list[dict[str, Any]] = []
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+    def record(self, row: dict[str, Any]) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self.batch:
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("writing invocation records failed; will retry")
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if not self._pending:
+                return
+            rows, self._pending = self._pending, []
+            try:
+                async with self.sessionmaker() as session:
+                    await InvocationRepository(session).insert_many(rows)
+                    await session.commit()
+            except Exception:
+                # keep them for the next try, bounded so a dead database cannot exhaust memory
+                keep = rows[-50_000:]
+                self.dropped += len(rows) - len(keep)
+                self._pending = keep + self._pending
+                raise
+
+
+@dataclass
+class InvokeOutcome:
+    invocation_id: str
+    status: int
+    body: bytes
+    content_type: str
+    error: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+
+
+_STATUS = {
+    "ok": (200, "succeeded", None),
+    "exit": (500, "guest_error", "guest_error"),
+    "trap": (500, "guest_error", "guest_error"),
+    "error": (500, "guest_error", "guest_error"),
+    "output_limit": (500, "output_limit", "output_limit_exceeded"),
+    "timeout": (504, "timeout", "timeout"),
+    "device_error": (500, "device_error", "device_error"),
+}
+
+
+class InvokeService:
+    def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, recorder: InvocationRecorder) -> None:
+        self.settings = settings
+        self.functions = functions
+        self.scheduler = scheduler
+        self.recorder = recorder
+
+    async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
+        meta = await self.functions.function(tenant.id, name)
+        kernels = await self.functions.kernels(tenant.id)
+        invocation_id = uuid.uuid4().hex
+        timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
+        env = dict(meta.env)
+        env.update(
+            TW_FUNCTION=name,
+            TW_INVOCATION_ID=invocation_id,
+            TW_TENANT=tenant.name,
+            QUERY_STRING=query,
+            CONTENT_TYPE=content_type,
+        )
+        header = {
+            "op": "run",
+            "invocation_id": invocation_id,
+            "function": name,
+            "sha256": meta.sha256,
+            "env": env,
+            "timeout_ms": timeout_ms,
+            "wasm_memory_bytes": tenant.quota.wasm_memory_bytes,
+            "stdout_limit": self.settings.stdout_limit_bytes,
+            "stderr_limit": self.settings.stderr_tail_bytes,
+        }
+        started = datetime.now(timezone.utc)
+        t0 = time.perf_counter()
+        hard_timeout = (timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
+        record: dict[str, Any] = {
+            "id": invocation_id,
+            "tenant_id": tenant.id,
+            "function": name,
+            "version": meta.version,
+            "started_at": started,
+            "exit_code": None,
+            "stderr_tail": None,
+        }
+        try:
+            reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
+        except Rejected as exc:
+            raise ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)}) from None
+        except NoCapacity as exc:
+            raise ApiError(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"}) from None
+        except HardTimeout:
+            msg = f"the invocation exceeded its time limit of {timeout_ms} ms and its worker was replaced"
+            self._finish(record, "timeout", t0, error=msg)
+            return InvokeOutcome(invocation_id, 504, b"", "", {"code": "timeout", "message": msg})
+        except WorkerCrashed:
+            msg = "the worker running this invocation crashed; it has been replaced, retry the call"
+            self._finish(record, "worker_crashed", t0, error=msg)
+            return InvokeOutcome(invocation_id, 500, b"", "", {"code": "worker_crashed", "message": msg})
+
+        stdout_len = int(reply.get("stdout_len", 0))
+        stdout, stderr = out[:stdout_len], out[stdout_len:]
+        stderr_tail = stderr.decode("utf-8", "replace") if stderr else None
+        http, status, code = _STATUS.get(reply.get("status", "error"), _STATUS["error"])
+        self._finish(record, status, t0, exit_code=reply.get("exit_code"), error=reply.get("error"), stderr=stderr_tail)
+        if code is None:
+            return InvokeOutcome(invocation_id, 200, stdout, meta.content_type)
+        err: dict[str, Any] = {"code": code, "message": reply.get("error") or status}
+        if reply.get("exit_code") is not None:
+            err["exit_code"] = reply["exit_code"]
+        if stderr_tail:
+            err["stderr_tail"] = stderr_tail[-4096:]
+        return InvokeOutcome(invocation_id, http, b"", "", err)
+
+    def _finish(self, record: dict[str, Any], status: str, t0: float, exit_code: int | None = None, error: str | None = None, stderr: str | None = None) -> None:
+        record.update(
+            status=status,
+            duration_ms=(time.perf_counter() - t0) * 1000,
+            exit_code=exit_code,
+            error=error,
+            stderr_tail=stderr,
+        )
+        self.recorder.record(record)

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.api.errors import ApiError, not_found
+from app.db.models import Kernel, utcnow
+from app.db.repositories.kernels import KernelRepository
+from app.gpu.nvrtc_check import check_cuda_source
+from app.services.principal import TenantPrincipal
+
+MAX_KERNELS = 100
+
+
+class KernelService:
+    def __init__(self, session: AsyncSession, tenant: TenantPrincipal) -> None:
+        self.session = session
+        self.tenant = tenant
+        self.repo = KernelRepository(session, tenant.id)
+
+    async def list(self) -> Sequence[Kernel]:
+        return await self.repo.list()
+
+    async def get(self, name: str) -> Kernel:
+        kernel = await self.repo.get(name)
+        if kernel is None:
+            raise not_found(f"kernel module {name!r}")
+        return kernel
+
+    async def put(self, name: str, raw: bytes, arch: str | None) -> tuple[Kernel, bool]:
+        if name == "std":
+            raise ApiError(409, "conflict", "`std` is the platform's kernel library; choose another name")
+        try:
+            source = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text") from None
+        if not source.strip():
+            raise ApiError(422, "invalid_kernel", "kernel source is empty")
+        log = await anyio.to_thread.run_sync(check_cuda_source, source, arch)
+        if log is not None:
+            raise ApiError(422, "compile_failed", f"the CUDA source does not compile:\n{log}")
+        sha = hashlib.sha256(raw).hexdigest()
+        kernel = await self.repo.get(name)
+        if kernel is None:
+            if await self.repo.count() >= MAX_KERNELS:
+                raise ApiError(403, "quota_exceeded", f"a tenant may register at most {MAX_KERNELS} kernel modules")
+            return await self.repo.add(Kernel(name=name, source=source, sha256=sha)), True
+        kernel.source, kernel.sha256, kernel.updated_at = source, sha, utcnow()
+        await self.session.flush()
+        return kernel, False
+
+    async def delete(self, name: str) -> None:
+        await self.repo.delete(await self.get(name))
