@@ -207,7 +207,7 @@ class GuestRunner:
                     result.status = "timeout"
                     result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
                 else:
-                    result.status, result.error = "trap", _first_line(str(exc))
+                    result.status, result.error = "trap", _trap_message(exc)
             except wasmtime.WasmtimeError as exc:
                 result.status, result.error = "error", _instantiate_error(str(exc), req)
             if result.exit_code is None and result.status == "ok":
@@ -225,13 +225,20 @@ class GuestRunner:
 
 
 def _first_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    msg = lines[0] if lines else "trap"
-    # keep the wasm backtrace's first frame: it tells the guest author where it trapped
-    for ln in lines[1:]:
-        if ln.strip().startswith("0:"):
-            return f"{msg} at {ln.strip()[2:].strip()}"
-    return msg
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else "error"
+
+
+def _trap_message(exc: wasmtime.Trap) -> str:
+    """'wasm `unreachable` instruction executed in boom (offset 0x32)': the cause, then where."""
+    text = str(exc)
+    cause = text.split("Caused by:", 1)[1].strip().splitlines()[0] if "Caused by:" in text else _first_line(text)
+    cause = cause.removeprefix("wasm trap: ")
+    frames = exc.frames
+    if frames:
+        f = frames[0]
+        cause += f" in {f.func_name or f'function {f.func_index}'} (offset {f.module_offset:#x})"
+    return f"trap: {cause}"
 
 
 def _instantiate_error(text: str, req: RunRequest) -> str:

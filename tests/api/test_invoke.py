@@ -1,0 +1,223 @@
+"""Invoke through the HTTP API, on real worker processes (CPU backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN, deploy, new_tenant, wat
+
+
+async def invoke(client: httpx.AsyncClient, key: dict, name: str, body: bytes = b"", headers: dict | None = None, **kw) -> httpx.Response:
+    return await client.post(f"/v1/functions/{name}/invoke", content=body, headers={**key, **(headers or {})}, **kw)
+
+
+async def test_echo_one_mib_byte_exact(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client)
+    await deploy(client, key, "echo", wat("echo"))
+    body = os.urandom(1 << 20)
+    r = await invoke(client, key, "echo", body)
+    assert r.status_code == 200
+    assert r.content == body
+    assert len(r.headers["x-invocation-id"]) == 32
+
+
+async def test_content_type_of_response(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client)
+    await deploy(client, key, "echo", wat("echo"), content_type="text/plain; charset=utf-8")
+    r = await invoke(client, key, "echo", b"hi")
+    assert r.headers["content-type"] == "text/plain; charset=utf-8" and r.text == "hi"
+
+
+async def test_exit_code_and_stderr(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client)
+    await deploy(client, key, "exit3", wat("exit3"))
+    r = await invoke(client, key, "exit3")
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "guest_error" and err["exit_code"] == 3 and "3" in err["message"]
+    assert "something went wrong" in err["stderr_tail"]
+    rec = (await client.get(f"/v1/invocations/{r.headers['x-invocation-id']}", headers=key)).json()
+    assert rec["status"] == "guest_error" and rec["exit_code"] == 3
+    assert rec["stderr_tail"] == "something went wrong\n"
+
+
+async def test_trap_is_guest_error(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client)
+    await deploy(client, key, "trap", wat("trap"))
+    r = await invoke(client, key, "trap")
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "guest_error" and "unreachable" in err["message"]
+
+
+async def test_endless_loop_is_504_then_next_call_fine(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client, timeout_ms=500)
+    await deploy(client, key, "loop", wat("loop"))
+    await deploy(client, key, "echo", wat("echo"))
+    t0 = time.monotonic()
+    r = await invoke(client, key, "loop")
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+    assert elapsed < 0.5 + 1.0
+    r = await invoke(client, key, "echo", b"still alive")
+    assert r.status_code == 200 and r.content == b"still alive"
+
+
+async def test_memory_grow_past_quota_is_refused(client: httpx.AsyncClient) -> None:
+    _, small = await new_tenant(client, wasm_memory_bytes=16 * 1024 * 1024)
+    _, big = await new_tenant(client, wasm_memory_bytes=256 * 1024 * 1024)
+    for key in (small, big):
+        await deploy(client, key, "grow", wat("grow"))
+    assert (await invoke(client, small, "grow")).content == b"refused"
+    assert (await invoke(client, big, "grow")).content == b"grew"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_stdout_flood_stops_at_the_cap(app_factory) -> None:
+    async with app_factory(stdout_limit_bytes=4 * 1024 * 1024) as (client, platform):
+        _, key = await new_tenant(client, timeout_ms=20_000)
+        await deploy(client, key, "flood", wat("flood"))
+        before = _rss_kib(os.getpid())
+        t0 = time.monotonic()
+        r = await invoke(client, key, "flood")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "output_limit_exceeded"
+        assert time.monotonic() - t0 < 5, "the flood was not stopped at the cap"
+        worker = next(w for w in platform.scheduler.workers if w.tenant_id)
+        assert _rss_kib(worker.pid) < 200 * 1024
+        assert _rss_kib(os.getpid()) - before < 32 * 1024, "the api process buffered the flood"
+
+
+async def test_env_argv_and_query(client: httpx.AsyncClient, c_guest) -> None:
+    tid, key = await new_tenant(client)
+    tenant = (await client.get(f"/v1/admin/tenants/{tid}", headers=ADMIN)).json()["name"]
+    await deploy(client, key, "hello", c_guest("hello.c"), env=["GREETING=hi there"])
+    r = await invoke(client, key, "hello", b"payload", params={"a": "1", "b": "x y"}, headers={"Content-Type": "text/x-test"})
+    assert r.status_code == 200, r.text
+    lines = dict(line.split("=", 1) for line in r.text.strip().splitlines())
+    assert lines["argv0"] == "hello"
+    assert lines["TW_FUNCTION"] == "hello"
+    assert lines["TW_INVOCATION_ID"] == r.headers["x-invocation-id"]
+    assert lines["TW_TENANT"] == tenant
+    assert lines["QUERY_STRING"] == "a=1&b=x+y"
+    assert lines["CONTENT_TYPE"] == "text/x-test"
+    assert lines["GREETING"] == "hi there"
+    assert lines["body"] == "payload"
+    r = await invoke(client, key, "hello", b"fail")
+    assert r.status_code == 500 and r.json()["error"]["exit_code"] == 7
+
+
+async def test_concurrency_limit_429_with_retry_after(client: httpx.AsyncClient, c_guest) -> None:
+    _, key = await new_tenant(client, max_concurrency=1)
+    await deploy(client, key, "spin", c_guest("spin.c"))
+    assert (await invoke(client, key, "spin", b"1")).status_code == 200  # bind first
+    calls = [invoke(client, key, "spin", b"1500") for _ in range(3)]
+    results = await asyncio.gather(*calls)
+    codes = sorted(r.status_code for r in results)
+    assert codes[0] == 200 and 429 in codes, codes
+    limited = next(r for r in results if r.status_code == 429)
+    assert int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["code"] == "rate_limited"
+
+
+async def test_queued_call_runs_when_a_slot_frees(client: httpx.AsyncClient, c_guest) -> None:
+    _, key = await new_tenant(client, max_concurrency=1)
+    await deploy(client, key, "spin", c_guest("spin.c"))
+    assert (await invoke(client, key, "spin", b"1")).status_code == 200
+    a, b = await asyncio.gather(invoke(client, key, "spin", b"100"), invoke(client, key, "spin", b"10"))
+    assert a.status_code == b.status_code == 200  # the second waited in the queue (300 ms)
+
+
+async def test_rate_limit_token_bucket(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client, requests_per_second=2)  # burst of 4
+    await deploy(client, key, "noop", wat("noop"))
+    codes = [(await invoke(client, key, "noop")).status_code for _ in range(6)]
+    assert codes[:4] == [200] * 4 and codes[-1] == 429
+    r = await invoke(client, key, "noop")
+    assert r.headers["retry-after"] == "1"
+
+
+async def test_sigkill_mid_call_fails_only_that_call(client: httpx.AsyncClient, platform, c_guest) -> None:
+    _, key = await new_tenant(client)
+    await deploy(client, key, "spin", c_guest("spin.c"))
+    assert (await invoke(client, key, "spin", b"1")).status_code == 200
+    call = asyncio.create_task(invoke(client, key, "spin", b"3000"))
+    for _ in range(100):
+        busy = [w for w in platform.scheduler.workers if w.state == "busy"]
+        if busy:
+            break
+        await asyncio.sleep(0.02)
+    os.kill(busy[0].pid, signal.SIGKILL)
+    r = await call
+    assert r.status_code == 500 and r.json()["error"]["code"] == "worker_crashed"
+    assert platform.scheduler.restarts["crashed"] >= 1
+    r = await invoke(client, key, "spin", b"1")
+    assert r.status_code == 200 and r.content == b"done"
+
+
+async def test_eviction_when_more_tenants_than_workers(app_factory) -> None:
+    async with app_factory(max_workers=2, warm_spares=1) as (client, platform):
+        tenants = [await new_tenant(client) for _ in range(3)]
+        for _, key in tenants:
+            await deploy(client, key, "echo", wat("echo"))
+        for round_ in range(2):
+            for i, (_, key) in enumerate(tenants):
+                r = await invoke(client, key, "echo", f"{round_}-{i}".encode())
+                assert r.status_code == 200 and r.content == f"{round_}-{i}".encode()
+        assert platform.scheduler.restarts["evicted"] >= 1
+        assert len([w for w in platform.scheduler.workers if w.state != "dead"]) <= 2
+        # no worker ever served two tenants
+        bound = [w for w in platform.scheduler.workers if w.tenant_id]
+        assert len({w.id for w in bound}) == len(bound)
+
+
+async def test_invocation_records_are_private(client: httpx.AsyncClient) -> None:
+    _, a = await new_tenant(client)
+    _, b = await new_tenant(client)
+    await deploy(client, a, "echo", wat("echo"))
+    await deploy(client, a, "noop", wat("noop"))
+    r = await invoke(client, a, "echo", b"x")
+    inv = r.headers["x-invocation-id"]
+    await invoke(client, a, "noop")
+    got = (await client.get(f"/v1/invocations/{inv}", headers=a)).json()
+    assert got["status"] == "succeeded" and got["function"] == "echo" and got["version"] == 1 and got["exit_code"] == 0
+    assert (await client.get(f"/v1/invocations/{inv}", headers=b)).status_code == 404
+    assert (await client.get("/v1/invocations", headers=b)).json() == []
+    only_echo = (await client.get("/v1/invocations", params={"function": "echo"}, headers=a)).json()
+    assert [i["id"] for i in only_echo] == [inv]
+    assert len((await client.get("/v1/invocations", headers=a)).json()) == 2
+
+
+async def test_usage_reports_quota_and_counts(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client, max_functions=9)
+    await deploy(client, key, "echo", wat("echo"))
+    await invoke(client, key, "echo", b"x")
+    u = (await client.get("/v1/usage", headers=key)).json()
+    assert u["quota"]["max_functions"] == 9 and u["functions"] == 1 and u["workers"] == 1
+    assert u["running"] == 0 and u["gpu_bytes_in_use"] == 0
+
+
+async def test_invoke_unknown_function_is_404(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client)
+    r = await invoke(client, key, "nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+async def test_redeploy_is_picked_up_by_the_next_call(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client)
+    await deploy(client, key, "f", wat("echo"))
+    assert (await invoke(client, key, "f", b"abc")).content == b"abc"
+    await deploy(client, key, "f", wat("noop"))
+    r = await invoke(client, key, "f", b"abc")
+    assert r.status_code == 200 and r.content == b""

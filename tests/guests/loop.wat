@@ -1,0 +1,4 @@
+;; Never returns.
+(module
+  (memory (export "memory") 1)
+  (func (export "_start") (loop $l (br $l))))

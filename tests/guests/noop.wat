@@ -1,0 +1,4 @@
+;; Does nothing: the cheapest possible invocation (benchmarks).
+(module
+  (memory (export "memory") 1)
+  (func (export "_start")))
