@@ -67,8 +67,7 @@ async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
         if found is None:
             return None
         key_id, principal = found
-        await ApiKeyService(session).repo.touch(key_id, platform.clock())
-        await session.commit()
+    platform.recorder.touch_key(key_id, platform.clock())
     platform.auth_cache.put(digest, key_id, principal)
     return principal
 

@@ -171,8 +171,8 @@ class GuestRunner:
     # -- one invocation -----------------------------------------------------------------------
     def run(self, req: RunRequest, stdin: bytes) -> RunResult:
         started = time.perf_counter()
-        os.ftruncate(self._stdin_fd, 0)
         if stdin:
+            os.ftruncate(self._stdin_fd, 0)
             os.pwrite(self._stdin_fd, stdin, 0)
         self._stdout.reset(req.stdout_limit, tail_only=False)
         self._stderr.reset(req.stderr_limit, tail_only=True)
@@ -186,14 +186,13 @@ class GuestRunner:
             wasi = wasmtime.WasiConfig()
             wasi.argv = [req.function]
             wasi.env = list(req.env.items())
-            wasi.stdin_file = self._stdin_path
+            if stdin:  # an empty body needs no stdin at all: reads see EOF
+                wasi.stdin_file = self._stdin_path
             store.set_wasi(wasi)
             store.set_epoch_deadline(max(1, -(-req.timeout_ms // self.tick_ms)) + 1)
             try:
                 instance = pre.instantiate(store)
-                start = instance.exports(store)["_start"]
-                assert isinstance(start, wasmtime.Func)
-                start(store)
+                _export(store, instance, b"_start")(store)
             except wasmtime.ExitTrap as exc:
                 if exc.code != 0:
                     result.status, result.exit_code = "exit", exc.code
@@ -222,6 +221,21 @@ class GuestRunner:
         result.stderr = bytes(self._stderr.buf)
         result.duration_ms = (time.perf_counter() - started) * 1000
         return result
+
+
+def _export(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> wasmtime.Func:
+    """One export by name; `Instance.exports()` would wrap every export of the module."""
+    from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
+    from wasmtime._extern import wrap_extern
+
+    item = ffi.wasmtime_extern_t()
+    found = ffi.wasmtime_instance_export_get(
+        store._context(), ctypes.byref(instance._instance), name, len(name), ctypes.byref(item)
+    )
+    func = wrap_extern(item) if found else None
+    if not isinstance(func, wasmtime.Func):
+        raise wasmtime.WasmtimeError(f"the module exports no function {name.decode()}")
+    return func
 
 
 def _first_line(text: str) -> str:

@@ -220,8 +220,9 @@ class Scheduler:
                             continue
                         spare.state = "busy"
                         ts.workers.append(spare)
-                        # refill after this binder stops counting itself (see finally)
-                        asyncio.get_running_loop().call_soon(self._ensure_spares)
+                        # Refill once this call has answered: spawning a process forks the api
+                        # process, which would otherwise land inside the cold call it serves.
+                        asyncio.get_running_loop().call_later(0.01, self._ensure_spares)
                         return spare
                     starting = sum(1 for w in self.workers if w.state == "starting")
                     full = len(self._alive()) >= self.settings.max_workers
@@ -307,7 +308,8 @@ class Scheduler:
             if w.kernels_version != kernels.version:
                 header = {**header, "kernels": kernels.sources}
             try:
-                reply, out = await asyncio.wait_for(w.request(header, body), hard_timeout_s)
+                async with asyncio.timeout(hard_timeout_s):  # no extra task, unlike wait_for
+                    reply, out = await w.request(header, body)
             except TimeoutError:
                 self._retire(w, "hard_timeout")
                 raise HardTimeout() from None

@@ -17,6 +17,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.api.errors import ApiError, not_found
+from app.db.repositories.api_keys import ApiKeyRepository
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.kernels import KernelRepository
@@ -69,16 +70,7 @@ class FunctionCache:
                 wasm = await repo.module_bytes(fn, fn.current_version)
                 assert wasm is not None
                 await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
-            meta = FunctionMeta(
-                name=fn.name,
-                version=fn.current_version,
-                sha256=sha,
-                env=dict(fn.env or {}),
-                content_type=fn.content_type,
-                timeout_ms=fn.timeout_ms,
-                artifact=self.compiler.cache.path_for(sha),
-                expires=time.monotonic() + self.ttl_s,
-            )
+            meta = self.meta_for(fn.name, fn.current_version, sha, fn.env or {}, fn.content_type, fn.timeout_ms)
         self._fns[key] = meta
         return meta
 
@@ -96,6 +88,22 @@ class FunctionCache:
         ks = KernelSet(version, sources)
         self._kernels[tenant_id] = (time.monotonic() + self.ttl_s, ks)
         return ks
+
+    def remember(self, tenant_id: str, meta: FunctionMeta) -> None:
+        """Prime the cache at deploy, so the first call after a deploy skips the database."""
+        self._fns[(tenant_id, meta.name)] = meta
+
+    def meta_for(self, name: str, version: int, sha256: str, env: dict[str, str], content_type: str, timeout_ms: int | None) -> FunctionMeta:
+        return FunctionMeta(
+            name=name,
+            version=version,
+            sha256=sha256,
+            env=dict(env),
+            content_type=content_type,
+            timeout_ms=timeout_ms,
+            artifact=self.compiler.cache.path_for(sha256),
+            expires=time.monotonic() + self.ttl_s,
+        )
 
     def drop(self, tenant_id: str, name: str) -> None:
         self._fns.pop((tenant_id, name), None)
@@ -117,6 +125,7 @@ class InvocationRecorder:
         self.interval_s = interval_s
         self.batch = batch
         self._pending: list[dict[str, Any]] = []
+        self._touched: dict[str, datetime] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -131,6 +140,10 @@ class InvocationRecorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.flush()
+
+    def touch_key(self, key_id: str, when: datetime) -> None:
+        """Note an API key's use; `last_used_at` is written with the next batch."""
+        self._touched[key_id] = when
 
     def record(self, row: dict[str, Any]) -> None:
         self._pending.append(row)
@@ -149,6 +162,13 @@ class InvocationRecorder:
 
     async def flush(self) -> None:
         async with self._lock:
+            if self._touched:
+                touched, self._touched = self._touched, {}
+                async with self.sessionmaker() as session:
+                    repo = ApiKeyRepository(session)
+                    for key_id, when in touched.items():
+                        await repo.touch(key_id, when)
+                    await session.commit()
             if not self._pending:
                 return
             rows, self._pending = self._pending, []

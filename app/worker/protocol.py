@@ -66,6 +66,5 @@ async def read_frame_async(reader: asyncio.StreamReader) -> tuple[dict[str, Any]
     """Raises asyncio.IncompleteReadError when the worker's pipe closes."""
     hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     _check(hlen, blen)
-    header = json.loads(await reader.readexactly(hlen))
-    body = await reader.readexactly(blen) if blen else b""
-    return header, body
+    rest = await reader.readexactly(hlen + blen)
+    return json.loads(rest[:hlen]), rest[hlen:]

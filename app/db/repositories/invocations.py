@@ -28,4 +28,5 @@ class InvocationRepository:
     async def insert_many(self, rows: list[dict[str, Any]]) -> None:
         """Batch insert from the recorder (rows already carry their tenant_id)."""
         if rows:
-            await self.session.execute(insert(Invocation), rows)
+            # Core executemany: the ORM bulk path costs ~10x more per row
+            await self.session.execute(insert(Invocation.__table__), rows)
