@@ -1,0 +1,96 @@
+"""The ABI host's error mapping for failures a CPU worker cannot produce naturally
+(compile, launch and device failures, host bugs), with a fault-injecting backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.gpu.abi import AbiHost
+from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
+from app.gpu.cpu import CpuBackend
+from app.gpu.signatures import Code
+from app.runtime.artifacts import ArtifactCache
+from app.runtime.compiler import ModuleCompiler
+from app.runtime.engine import make_engine
+from app.runtime.runner import GuestRunner, RunRequest
+from tests.gpu.runner import Buf, abi_code, rec_buf, rec_i32, request
+
+
+class FaultyGpu(CpuBackend):
+    """A pretend GPU whose compiler and device fail on request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = DeviceInfo("cuda", "fake", "90", 1 << 34, DeviceLimits())
+
+    def load_module(self, source: bytes, fmt: int) -> Any:
+        if b"syntax error" in source:
+            raise BackendError(Code.COMPILE_FAILED, "module_load: kernel.cu(1): error: expected a ';'")
+        return {"source": source}
+
+    def get_function(self, module: Any, name: str) -> Any:
+        return name
+
+    def launch(self, fn: Any, grid: Any, block: Any, shared: int, args: list[Any]) -> None:
+        if fn == "too_many_resources":
+            raise BackendError(Code.LAUNCH_FAILED, "launch: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+        if fn == "wild_pointer":
+            raise BackendError(Code.DEVICE_ERROR, "launch: CUDA_ERROR_ILLEGAL_ADDRESS")
+        if fn == "host_bug":
+            raise ZeroDivisionError("oops")
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory, c_guest) -> tuple[GuestRunner, AbiHost, str]:
+    cache = tmp_path_factory.mktemp("artifacts")
+    sha, _ = ModuleCompiler(ArtifactCache(cache)).compile(c_guest("kernel_runner.c"))
+    host = AbiHost(FaultyGpu())
+    host.bind(1 << 20)
+    return GuestRunner(make_engine(), ArtifactCache(cache), host, 5), host, sha
+
+
+def _run(runner: tuple[GuestRunner, AbiHost, str], body: bytes) -> Any:
+    r, _, sha = runner
+    return r.run(RunRequest("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), body)
+
+
+def _kernel(name: str, source: bytes = b'extern "C" __global__ void k() {}') -> bytes:
+    return request(name, [Buf(16)], [rec_buf(0), rec_i32(1)], [0], module=source, kind=1)
+
+
+def test_compile_failed(runner) -> None:
+    res = _run(runner, _kernel("k", b"syntax error"))
+    assert res.status == "exit" and abi_code(res.exit_code) == Code.COMPILE_FAILED
+    assert b"expected a ';'" in res.stderr
+
+
+def test_launch_failed(runner) -> None:
+    res = _run(runner, _kernel("too_many_resources"))
+    assert abi_code(res.exit_code) == Code.LAUNCH_FAILED and b"OUT_OF_RESOURCES" in res.stderr
+
+
+def test_host_bug_is_internal_not_a_trap(runner) -> None:
+    res = _run(runner, _kernel("host_bug"))
+    assert res.status == "exit" and abi_code(res.exit_code) == Code.INTERNAL
+    assert b"internal error (ZeroDivisionError)" in res.stderr
+
+
+def test_a_good_kernel_runs(runner) -> None:
+    res = _run(runner, _kernel("fine"))
+    assert res.status == "ok" and res.stdout == bytes(16)
+
+
+def test_device_error_is_sticky_and_reported(tmp_path: Path, c_guest) -> None:
+    sha, _ = ModuleCompiler(ArtifactCache(tmp_path)).compile(c_guest("kernel_runner.c"))
+    host = AbiHost(FaultyGpu())
+    host.bind(1 << 20)
+    r = GuestRunner(make_engine(), ArtifactCache(tmp_path), host, 5)
+    res = r.run(RunRequest("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("wild_pointer"))
+    assert res.status == "device_error" and "ILLEGAL_ADDRESS" in (res.error or "")
+    assert res.host["device_error"] is True
+    # the context is poisoned: every later GPU call of this worker answers DEVICE_ERROR
+    res = r.run(RunRequest("inv2", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("fine"))
+    assert res.status == "device_error"
