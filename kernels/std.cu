@@ -47,7 +47,7 @@ extern "C" __global__ void softmax_rows_f32(const float* x, float* out, int rows
     for (long long r = TW_TID(); r < rows; r += TW_NTHREADS()) {
         const float* row = x + r * (long long)cols;
         float* dst = out + r * (long long)cols;
-        float m = -INFINITY;
+        float m = __int_as_float(0xff800000);  // -inf (NVRTC has no <cmath>)
         for (int c = 0; c < cols; ++c) m = fmaxf(m, row[c]);
         float s = 0.0f;
         for (int c = 0; c < cols; ++c) { float e = __expf(row[c] - m); dst[c] = e; s += e; }

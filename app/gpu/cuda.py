@@ -93,7 +93,10 @@ class CudaBackend:
                 self.rt.memPrefetchAsync(mem.ptr, size, self.device_id, self.stream.ptr)
             except Exception:  # older/newer runtimes differ in signature: prefetch is an optimisation
                 self._prefetch = False
-        self.rt.memsetAsync(mem.ptr, 0, size, self.stream.ptr)
+        try:
+            self.rt.memsetAsync(mem.ptr, 0, size, self.stream.ptr)
+        except Exception as exc:
+            raise BackendError(Code.DEVICE_ERROR, f"buffer_alloc: the device failed: {_short(exc)}") from None
         return mem
 
     def free(self, buf: Any) -> None:
@@ -101,15 +104,21 @@ class CudaBackend:
         # ordered, so a block still used by queued work on our stream is reused only after it.
         del buf
 
+    def _memcpy(self, what: str, dst: int, src: int, length: int) -> None:
+        try:
+            self.rt.memcpyAsync(dst, src, length, _MEMCPY_DEFAULT, self.stream.ptr)
+        except Exception as exc:  # a copy fails only once the context is broken
+            raise BackendError(Code.DEVICE_ERROR, f"{what}: the device failed: {_short(exc)}") from None
+
     def write(self, buf: Any, offset: int, src_addr: int, length: int) -> None:
-        self.rt.memcpyAsync(buf.ptr + offset, src_addr, length, _MEMCPY_DEFAULT, self.stream.ptr)
+        self._memcpy("buffer_write", buf.ptr + offset, src_addr, length)
 
     def read(self, buf: Any, offset: int, dst_addr: int, length: int) -> None:
-        self.rt.memcpyAsync(dst_addr, buf.ptr + offset, length, _MEMCPY_DEFAULT, self.stream.ptr)
+        self._memcpy("buffer_read", dst_addr, buf.ptr + offset, length)
         self.synchronize()
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, length: int) -> None:
-        self.rt.memcpyAsync(dst.ptr + dst_offset, src.ptr + src_offset, length, _MEMCPY_DEFAULT, self.stream.ptr)
+        self._memcpy("buffer_copy", dst.ptr + dst_offset, src.ptr + src_offset, length)
 
     def view(self, buf: Any, offset: int) -> Any:
         return (buf, offset)

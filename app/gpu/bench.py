@@ -1,0 +1,178 @@
+"""`tensorwasm bench gpu`: guest GPU paths against raw CuPy, measured in the same run.
+
+Run on a GPU machine. Each guest figure is timed inside the guest (WASI monotonic clock) by
+tests/guests/kernel_runner.c, so HTTP and process hops are excluded; each baseline is the same
+work done directly with CuPy in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from app.bench import ADMIN, server
+from app.settings import REPO_ROOT
+
+TINY = 'extern "C" __global__ void tiny(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }'
+SCALE = 'extern "C" __global__ void scale2(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }'
+
+
+def _runner_wasm() -> bytes:
+    prebuilt = os.environ.get("TENSORWASM_PREBUILT_GUESTS")
+    if prebuilt:
+        return (Path(prebuilt) / "kernel_runner.wasm").read_bytes()
+    out = Path(tempfile.mkdtemp()) / "kernel_runner.wasm"
+    src = REPO_ROOT / "tests" / "guests" / "kernel_runner.c"
+    subprocess.run(
+        [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{REPO_ROOT / 'examples'}", str(src), "-o", str(out)],
+        check=True,
+    )
+    return out.read_bytes()
+
+
+def _req(module: bytes, kind: int, fn: str, bufs: list[tuple[int, bytes]], records: bytes, grid: tuple[int, int, int], block: tuple[int, int, int], repeat: int, flags: int, outs: list[int]) -> bytes:
+    parts = [struct.pack("<BI", kind, len(module)), module, struct.pack("<I", len(fn)), fn.encode(), struct.pack("<I", len(bufs))]
+    for size, init in bufs:
+        parts += [struct.pack("<QI", size, len(init)), init]
+    parts += [struct.pack("<7I", *grid, *block, 0), struct.pack("<I", len(records)), records]
+    parts += [struct.pack("<III", repeat, flags, len(outs)), struct.pack(f"<{len(outs)}I", *outs)]
+    return b"".join(parts)
+
+
+def _buf(i: int) -> bytes:
+    return struct.pack("<Biq", 0x10, i, 0)
+
+
+def _i32(v: int) -> bytes:
+    return struct.pack("<Bi", 0x01, v)
+
+
+def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        r = client.post("/v1/functions/runner/invoke", content=body, headers=headers)
+        if r.status_code != 200:
+            raise RuntimeError(r.text)
+        times.append(struct.unpack("<Q", r.content[:8])[0])
+    return statistics.median(times)
+
+
+def _gpu_mem_used_mib() -> float:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    return float(out.stdout.split()[0])
+
+
+def bench_gpu(args: argparse.Namespace) -> int:
+    import cupy as cp
+
+    res: dict[str, float] = {}
+    # ---- baselines: raw CuPy in this process ------------------------------------------------
+    tiny = cp.RawModule(code=TINY).get_function("tiny")
+    scale = cp.RawModule(code=SCALE).get_function("scale2")
+    x = cp.zeros(256, dtype=cp.float32)
+    for _ in range(100):
+        tiny((1,), (256,), (x, np.int32(256)))
+    cp.cuda.Device().synchronize()
+    per = []
+    for _ in range(7):
+        t0 = time.perf_counter_ns()
+        for _ in range(1000):
+            tiny((1,), (256,), (x, np.int32(256)))
+        cp.cuda.Device().synchronize()
+        per.append((time.perf_counter_ns() - t0) / 1000)
+    res["raw_launch_us"] = statistics.median(per) / 1e3
+
+    n = (4 << 20) // 4
+    host = np.random.default_rng().standard_normal(n).astype(np.float32)
+    paths = []
+    for _ in range(15):
+        t0 = time.perf_counter_ns()
+        d = cp.empty(n, dtype=cp.float32)
+        d.set(host)
+        scale((n // 256,), (256,), (d, np.int32(n)))
+        out = d.get()
+        paths.append(time.perf_counter_ns() - t0)
+    assert np.allclose(out, host * 2)
+    res["raw_4mib_path_us"] = statistics.median(paths[3:]) / 1e3
+
+    m = 4096
+    A = cp.random.standard_normal((m, m), dtype=cp.float32)
+    B = cp.random.standard_normal((m, m), dtype=cp.float32)
+    C = cp.empty((m, m), dtype=cp.float32)
+    cp.matmul(A, B, out=C)
+    cp.cuda.Device().synchronize()
+    gem = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(10):
+            cp.matmul(A, B, out=C)
+        cp.cuda.Device().synchronize()
+        gem.append((time.perf_counter_ns() - t0) / 10)
+    res["raw_gemm4096_ms"] = statistics.median(gem) / 1e6
+    del A, B, C, d
+    cp.get_default_memory_pool().free_all_blocks()
+
+    # ---- guests ------------------------------------------------------------------------------
+    wasm = _runner_wasm()
+    used_before = _gpu_mem_used_mib()
+    with server(TENSORWASM_BACKEND="cuda", TENSORWASM_MAX_WORKERS="4", TENSORWASM_WARM_SPARES="2", TENSORWASM_MAX_REQUEST_BYTES=str(512 << 20)) as base:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        with httpx.Client(base_url=base, timeout=120) as client:
+            time.sleep(2)
+            workers = [w for w in client.get("/v1/admin/workers", headers=admin).json() if w["state"] == "spare"]
+            res["context_overhead_mib"] = (_gpu_mem_used_mib() - used_before) / max(1, len(workers))
+
+            def tenant(name: str) -> dict[str, str]:
+                t = client.post("/v1/admin/tenants", json={"name": name, "quota": {"gpu_memory_bytes": 1 << 30, "requests_per_second": 1e5, "wasm_memory_bytes": 1 << 30, "timeout_ms": 60_000}}, headers=admin).json()
+                key = client.post(f"/v1/admin/tenants/{t['id']}/api-keys", headers=admin).json()["key"]
+                h = {"Authorization": f"Bearer {key}"}
+                client.put("/v1/functions/runner", content=wasm, headers={**h, "Content-Type": "application/wasm"}).raise_for_status()
+                return h
+
+            cold = []
+            for i in range(5):
+                h = tenant(f"cold{i}")
+                time.sleep(1.5)
+                body = _req(b"std", 0, "scale_f32", [(64, b"")], _buf(0) + struct.pack("<Bf", 3, 1.0) + _i32(16), (1, 1, 1), (16, 1, 1), 1, 0, [])
+                t0 = time.perf_counter()
+                client.post("/v1/functions/runner/invoke", content=body, headers=h).raise_for_status()
+                cold.append(time.perf_counter() - t0)
+            res["gpu_cold_start_ms"] = statistics.median(cold) * 1e3
+
+            h = tenant("hot")
+            launch = _req(TINY.encode(), 1, "tiny", [(1024, b"")], _buf(0) + _i32(256), (1, 1, 1), (256, 1, 1), 1000, 1, [])
+            _median_guest_ns(client, h, launch, 2)
+            res["guest_launch_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
+
+            path = _req(SCALE.encode(), 1, "scale2", [(4 << 20, host.tobytes())], _buf(0) + _i32(n), (n // 256, 1, 1), (256, 1, 1), 1, 2, [0])
+            _median_guest_ns(client, h, path, 3)
+            res["guest_4mib_path_us"] = _median_guest_ns(client, h, path, 11) / 1e3
+
+            a = np.random.default_rng().standard_normal(m * m).astype(np.float32).tobytes()
+            gemm = _req(b"std", 0, "gemm_f32", [(4 * m * m, a), (4 * m * m, a), (4 * m * m, b"")], _buf(0) + _buf(1) + _buf(2) + _i32(m) + _i32(m) + _i32(m), (m * m // 256, 1, 1), (256, 1, 1), 10, 1, [])
+            _median_guest_ns(client, h, gemm, 1)
+            res["guest_gemm4096_ms"] = _median_guest_ns(client, h, gemm, 3) / 10 / 1e6
+
+    for k, v in res.items():
+        print(f"{k:24} {v:10.3f}")
+    rows = [
+        ("guest launch / raw CuPy launch", res["guest_launch_us"] / res["raw_launch_us"], "<= 2x", lambda r: r <= 2),
+        ("guest 4 MiB path / raw CuPy", res["guest_4mib_path_us"] / res["raw_4mib_path_us"], "<= 1.3x", lambda r: r <= 1.3),
+        ("std gemm_f32 4096 / cupy.matmul (speed)", res["raw_gemm4096_ms"] / res["guest_gemm4096_ms"], ">= 0.8x", lambda r: r >= 0.8),
+        ("GPU cold start (ms, warm spare)", res["gpu_cold_start_ms"], "<= 20 ms", lambda r: r <= 20),
+    ]
+    print(f"\n{'metric':42} {'value':>8}  {'target':9} ok")
+    for name, value, target, ok in rows:
+        print(f"{name:42} {value:8.2f}  {target:9} {'yes' if ok(value) else 'NO'}")
+    return 0
