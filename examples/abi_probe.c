@@ -101,6 +101,16 @@ int main(void) {
     tw_arg_f32(&a, 2.0f);
     tw_arg_i32(&a, -1);
     P("launch_negative_n", tw_launch_args(fn, 1, 1, 1, 32, 1, 1, 0, &a));
+    /* a repeated launch naming a buffer freed in between is refused, not replayed */
+    int32_t tmp = tw_buffer_alloc(64);
+    tw_args_init(&a);
+    tw_arg_buffer(&a, tmp, 0);
+    tw_arg_f32(&a, 2.0f);
+    tw_arg_i32(&a, 16);
+    P("launch_cached_ok", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
+    P("launch_cached_again", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
+    tw_buffer_free(tmp);
+    P("launch_after_free", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
     P("synchronize", tw_synchronize());
     P("module_get_std_again", tw_module_get_str("std") > 0);
     return 0;

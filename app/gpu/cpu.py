@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,10 +51,11 @@ class CpuBackend:
     def get_function(self, module: Any, name: str) -> Any:
         raise BackendError(Code.UNAVAILABLE, "function_get: this worker has no GPU")
 
-    def launch_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:
-        STD[name].run(args)
+    def prepare_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> Callable[[], None]:
+        run = STD[name].run
+        return lambda: run(args)
 
-    def launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> None:
+    def prepare(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> Callable[[], None]:
         raise BackendError(Code.UNAVAILABLE, "launch: this worker has no GPU")
 
     def synchronize(self) -> None:

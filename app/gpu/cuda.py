@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -156,15 +157,15 @@ class CudaBackend:
             return np.uint64(arg[0].ptr + arg[1])
         return arg
 
-    def launch_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:
+    def prepare_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> Callable[[], None]:
         if name == "gemm_f32":
-            self._gemm(args)
-            return
+            return lambda: self._gemm(args)
         params = STD[name].params
         kargs = tuple(
             np.uint64(a[0].ptr + a[1]) if p == "buf" else _SCALARS[p](a) for p, a in zip(params, args)
         )
-        self._launch(self._std_fns[name], grid, block, 0, kargs)
+        fn = self._std_fns[name]
+        return lambda: self._launch(fn, grid, block, 0, kargs)
 
     def _gemm(self, args: list[Any]) -> None:
         cp = self.cp
@@ -179,8 +180,9 @@ class CudaBackend:
             return
         cp.matmul(A, B, out=C)
 
-    def launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> None:
-        self._launch(fn, grid, block, shared, tuple(self._scalar_or_ptr(a) for a in args))
+    def prepare(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> Callable[[], None]:
+        kargs = tuple(self._scalar_or_ptr(a) for a in args)
+        return lambda: self._launch(fn, grid, block, shared, kargs)
 
     def _launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, kargs: tuple[Any, ...]) -> None:
         try:

@@ -28,7 +28,7 @@ def check_cuda_source(source: str, arch: str | None = None) -> str | None:
     nvrtc = _nvrtc()
     if nvrtc is None:
         return None
-    options = [b"-std=c++17"] + ([f"--gpu-architecture=compute_{arch}".encode()] if arch else [])
+    options = ["-std=c++17"] + ([f"--gpu-architecture=compute_{arch}"] if arch else [])
     prog = nvrtc.createProgram(source, "kernel.cu", [], [])
     try:
         nvrtc.compileProgram(prog, options)

@@ -82,6 +82,9 @@ async def test_abi_probe_refuses_every_bad_input(client: httpx.AsyncClient, c_gu
         "launch_wrong_arg_types": -7,
         "launch_n_past_buffer": -7,
         "launch_negative_n": -7,
+        "launch_cached_ok": 0,
+        "launch_cached_again": 0,
+        "launch_after_free": -3,
         "synchronize": 0,
         "module_get_std_again": 1,
     }

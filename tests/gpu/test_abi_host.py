@@ -34,7 +34,10 @@ class FaultyGpu(CpuBackend):
     def get_function(self, module: Any, name: str) -> Any:
         return name
 
-    def launch(self, fn: Any, grid: Any, block: Any, shared: int, args: list[Any]) -> None:
+    def prepare(self, fn: Any, grid: Any, block: Any, shared: int, args: list[Any]) -> Any:
+        return lambda: self.launch(fn)
+
+    def launch(self, fn: Any) -> None:
         if fn == "too_many_resources":
             raise BackendError(Code.LAUNCH_FAILED, "launch: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
         if fn == "wild_pointer":

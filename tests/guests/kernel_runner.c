@@ -3,7 +3,7 @@
  * stdin (little-endian):
  *   u8 kind (0: module_get by name, 1: module_load CUDA source, 2: module_load PTX), u32 len, bytes
  *   u32 len, kernel function name
- *   u32 nbufs, then per buffer: u64 size, u32 init_len, init bytes
+ *   u32 nbufs, then per buffer: u64 size, u32 init_len, init bytes (repeated to fill the buffer)
  *   u32 grid[3], u32 block[3], u32 shared_bytes
  *   u32 args_len, argument records (a 0x10 record's handle field holds a buffer *index*)
  *   u32 repeat (launches), u32 flags (bit 0: prefix stdout with u64 ns spent launching+syncing,
@@ -77,7 +77,10 @@ int main(void) {
     uint64_t t_all = now_ns();
     for (uint32_t i = 0; i < nbufs; i++) {
         h[i] = check("buffer_alloc", tw_buffer_alloc(sizes[i]));
-        if (init_len[i]) check("buffer_write", tw_buffer_write(h[i], 0, init[i], (int32_t)init_len[i]));
+        for (int64_t off = 0; init_len[i] && off < sizes[i]; off += init_len[i]) {
+            int64_t n = sizes[i] - off < init_len[i] ? sizes[i] - off : init_len[i];
+            check("buffer_write", tw_buffer_write(h[i], off, init[i], (int32_t)n));
+        }
     }
     /* patch buffer indices into handles */
     for (uint32_t p = 0; p < alen;) {
