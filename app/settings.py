@@ -42,6 +42,8 @@ class Settings(BaseSettings):
 
     # --- execution -------------------------------------------------------------------------
     backend: Literal["auto", "cpu", "cuda"] = "auto"
+    # Tenant buffers in CUDA managed memory (default) or plain device memory (faster copies).
+    gpu_memory: Literal["managed", "device"] = "managed"
     max_workers: int = 4
     warm_spares: int = 1
     queue_limit: int = 32

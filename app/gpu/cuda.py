@@ -41,7 +41,7 @@ class _Module:
 
 
 class CudaBackend:
-    def __init__(self, cache_dir: Path) -> None:
+    def __init__(self, cache_dir: Path, memory_kind: str = "managed") -> None:
         import cupy
 
         self.cp = cupy
@@ -62,7 +62,10 @@ class CudaBackend:
                 max_shared_bytes=int(props["sharedMemPerBlock"]),
             ),
         )
-        self.pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
+        # managed (default): buffers may exceed what is resident, the driver pages them;
+        # device: plain cudaMalloc, faster host<->device copies (see the GPU benchmark).
+        self.managed = memory_kind == "managed"
+        self.pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed if self.managed else None)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
         self._ptx_dir = cache_dir / "ptx"
@@ -89,7 +92,7 @@ class CudaBackend:
             raise BackendError(
                 Code.QUOTA_EXCEEDED, f"buffer_alloc: the device pool could not provide {size} bytes"
             ) from None
-        if self._prefetch:
+        if self._prefetch and self.managed:
             try:
                 self.rt.memPrefetchAsync(mem.ptr, size, self.device_id, self.stream.ptr)
             except Exception:  # older/newer runtimes differ in signature: prefetch is an optimisation
@@ -164,7 +167,7 @@ class CudaBackend:
         kargs = tuple(
             np.uint64(a[0].ptr + a[1]) if p == "buf" else _SCALARS[p](a) for p, a in zip(params, args)
         )
-        fn = self._std_fns[name]
+        fn = self._function(self._std_fns[name])
         return lambda: self._launch(fn, grid, block, 0, kargs)
 
     def _gemm(self, args: list[Any]) -> None:
@@ -182,11 +185,21 @@ class CudaBackend:
 
     def prepare(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> Callable[[], None]:
         kargs = tuple(self._scalar_or_ptr(a) for a in args)
+        fn = self._function(fn)
         return lambda: self._launch(fn, grid, block, shared, kargs)
+
+    @staticmethod
+    def _function(raw_kernel: Any) -> Any:
+        """cupy.cuda.function.Function of a RawKernel, resolved once (compiles if needed)."""
+        try:
+            return raw_kernel.kernel
+        except Exception:
+            return raw_kernel
 
     def _launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, kargs: tuple[Any, ...]) -> None:
         try:
-            fn(grid, block, kargs, shared_mem=shared)
+            # the CUfunction wrapper under RawKernel: skips RawKernel's per-call device lookup
+            fn(grid, block, kargs, shared_mem=shared, stream=self.stream)
         except self.cp.cuda.driver.CUDADriverError as exc:
             if _sticky(str(exc)):
                 raise BackendError(Code.DEVICE_ERROR, f"launch: {_short(exc)}") from None

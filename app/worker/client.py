@@ -59,6 +59,7 @@ class WorkerHandle:
             "--tick-ms", str(s.epoch_tick_ms),
             "--max-buffers", str(s.max_buffers_per_instance),
             "--max-modules", str(s.max_modules_per_instance),
+            "--gpu-memory", s.gpu_memory,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=1 << 20,

@@ -18,14 +18,14 @@ from typing import Any
 from app.worker.protocol import read_frame, write_frame
 
 
-def _make_backend(kind: str, cache_dir: Path) -> Any:
+def _make_backend(kind: str, cache_dir: Path, memory_kind: str) -> Any:
     from app.gpu.cpu import CpuBackend
 
     if kind in ("cuda", "auto"):
         from app.gpu.cuda import CudaBackend, cuda_available
 
         if kind == "cuda" or cuda_available():
-            return CudaBackend(cache_dir)
+            return CudaBackend(cache_dir, memory_kind)
     return CpuBackend()
 
 
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick-ms", type=int, default=5)
     ap.add_argument("--max-buffers", type=int, default=1024)
     ap.add_argument("--max-modules", type=int, default=64)
+    ap.add_argument("--gpu-memory", default="managed", choices=("managed", "device"))
     args = ap.parse_args(argv)
 
     # Keep the protocol on private descriptors; anything printed lands on stderr instead.
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cache_dir = Path(args.cache_dir)
     stats = StatsPage(Path(args.stats), create=False)
-    backend = _make_backend(args.backend, cache_dir)
+    backend = _make_backend(args.backend, cache_dir, args.gpu_memory)
     host = AbiHost(backend, args.max_buffers, args.max_modules)
     host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
     runner = GuestRunner(make_engine(), ArtifactCache(cache_dir), host, args.tick_ms)

@@ -87,11 +87,14 @@ async def test_runtime_compiled_kernel(gpu, c_guest) -> None:
 
 
 async def test_ptx_module_and_compile_errors(gpu, c_guest) -> None:
-    import cupy
+    from cupy_backends.cuda.libs import nvrtc
 
     client, _ = gpu
     key = await _tenant(client, c_guest)
-    ptx = cupy.cuda.compiler.compile_using_nvrtc(SQUARE)  # PTX for this device
+    prog = nvrtc.createProgram(SQUARE, "sq.cu", [], [])
+    nvrtc.compileProgram(prog, ["--gpu-architecture=compute_70"])  # PTX, JIT-compiled by the driver
+    ptx = nvrtc.getPTX(prog)
+    nvrtc.destroyProgram(prog)
     x = np.arange(100, dtype=np.float32)
     req = request("sq", [Buf(400, f32(x))], [rec_buf(0), rec_i32(100)], [0], grid=(1, 1, 1), block=(128, 1, 1), module=ptx.encode() if isinstance(ptx, str) else ptx, kind=2)
     r = await run(client, key, req)
