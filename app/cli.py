@@ -17,7 +17,10 @@ def _serve(args: argparse.Namespace) -> int:
     from app.db.migrate import upgrade
     from app.main import create_app
 
+    from app.observability.logging import configure_logging
+
     settings = get_settings()
+    configure_logging(settings)
     settings.ensure_data_dir()
     upgrade(settings.resolved_database_url)
     uvicorn.run(
@@ -25,7 +28,8 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host or settings.host,
         port=args.port or settings.port,
         log_level=settings.log_level,
-        access_log=False,
+        log_config=None,  # keep our handler: uvicorn's lines become structured too
+        access_log=False,  # the app's middleware writes access lines (TENSORWASM_ACCESS_LOG)
     )
     return 0
 

@@ -19,7 +19,11 @@ from app.runtime.compiler import ModuleCompiler
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.invocations import FunctionCache, InvocationRecorder
+from app.observability.metrics import Metrics
+from app.observability.middleware import ObservabilityMiddleware
+from app.observability.tracing import Tracing
 from app.settings import Settings, get_settings
+from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sessionmaker = create_sessionmaker(engine)
     compiler = ModuleCompiler(ArtifactCache(settings.cache_dir))
     scheduler = Scheduler(settings)
+    metrics: Metrics = app.state.metrics
+    metrics.attach(scheduler)
+    scheduler.on_bind = metrics.cold_start_seconds.observe
     recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size)
     platform = Platform(
         settings=settings,
@@ -49,6 +56,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s),
         recorder=recorder,
         scheduler=scheduler,
+        metrics=metrics,
+        tracing=app.state.tracing,
     )
     app.state.platform = platform
     recorder.start()
@@ -59,17 +68,23 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await recorder.stop()
         await scheduler.stop()
         await engine.dispose()
+        app.state.tracing.shutdown()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, span_exporter: SpanExporter | None = None) -> FastAPI:
     app = FastAPI(
         title="TensorWasm",
         version=__version__,
         description="Multi-tenant WebAssembly functions over HTTP, with guest-launched CUDA kernels.",
         lifespan=lifespan,
     )
-    app.state.settings = settings or get_settings()
+    settings = settings or get_settings()
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.tracing = Tracing(settings, span_exporter)
     install_error_handlers(app)
     for r in (health.router, admin.router, functions.router, invocations.router, kernels.router, usage.router):
         app.include_router(r)
+    app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
+    app.state.tracing.instrument(app)
     return app

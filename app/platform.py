@@ -15,6 +15,8 @@ from app.services.api_keys import AuthCache
 from app.settings import Settings
 
 if TYPE_CHECKING:
+    from app.observability.metrics import Metrics
+    from app.observability.tracing import Tracing
     from app.scheduler.scheduler import Scheduler
     from app.services.invocations import InvocationRecorder, FunctionCache
 
@@ -29,6 +31,8 @@ class Platform:
     function_cache: "FunctionCache"
     recorder: "InvocationRecorder"
     scheduler: "Scheduler"
+    metrics: "Metrics"
+    tracing: "Tracing"
     clock: Callable[[], datetime] = field(default=utcnow)
 
     def tenant_changed(self, tenant_id: str) -> None:

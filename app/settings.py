@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     metrics_token: str | None = None
+    access_log: bool = False
     otlp_endpoint: str | None = None
 
     # --- default quota of a new tenant -----------------------------------------------------

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.errors import ApiError
+from app.observability import context as ctx
 from app.platform import Platform
 from app.services.api_keys import KEY_PREFIX, ApiKeyService, hash_key
 from app.services.principal import TenantPrincipal
@@ -76,7 +77,7 @@ async def require_tenant(request: Request, platform: PlatformDep) -> TenantPrinc
     token = _bearer(request)
     principal = await _tenant_for(platform, token)
     if principal is not None:
-        request.state.tenant = principal
+        ctx.tenant.set(principal.name)
         return principal
     if _is_admin(platform, token):
         raise ApiError(403, "forbidden", "the admin token cannot call tenant routes; use a tenant API key")

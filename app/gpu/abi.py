@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,8 @@ class AbiHost:
         self.inst: _Instance | None = None
         self.usage_hook: Callable[[int], None] | None = None
         self.poisoned: str | None = None  # a sticky device error: the context is unusable
+        self.spans: Any = None  # a SpanRecorder while the invocation is traced
+        self._compile_seen = (0, 0)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def bind(self, cap_bytes: int) -> None:
@@ -123,7 +126,14 @@ class AbiHost:
 
     def end(self) -> dict[str, Any]:
         inst, self.inst = self.inst, None
-        stats: dict[str, Any] = {"gpu_peak_bytes": self.peak, "launches": inst.launches if inst else 0}
+        hits, misses = getattr(self.backend, "compile_hits", 0), getattr(self.backend, "compile_misses", 0)
+        stats: dict[str, Any] = {
+            "gpu_peak_bytes": self.peak,
+            "launches": inst.launches if inst else 0,
+            "compile_hits": hits - self._compile_seen[0],
+            "compile_misses": misses - self._compile_seen[1],
+        }
+        self._compile_seen = (hits, misses)
         if inst is not None:
             try:
                 if self.poisoned is None:
@@ -170,6 +180,20 @@ class AbiHost:
                 raise wasmtime.WasmtimeError._from_ptr(err)
 
     def _wrap(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
+        call = self._guarded(name, impl)
+
+        def host(caller: wasmtime.Caller, *args: int) -> int:
+            rec = self.spans
+            if rec is None:
+                return call(caller, *args)
+            t0 = time.time_ns()
+            rc = call(caller, *args)
+            rec.abi_call(name, t0, time.time_ns(), rc < 0)
+            return rc
+
+        return host
+
+    def _guarded(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
         def host(caller: wasmtime.Caller, *args: int) -> int:
             inst = self.inst
             if inst is None:

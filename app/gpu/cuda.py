@@ -72,6 +72,8 @@ class CudaBackend:
         self._ptx_dir.mkdir(parents=True, exist_ok=True)
         self._compiled: dict[str, Any] = {}  # source sha256 -> RawModule (this worker's cache)
         self._prefetch = True
+        self.compile_hits = 0
+        self.compile_misses = 0
         std_src = (REPO_ROOT / "kernels" / "std.cu").read_text()
         self.std = self.cp.RawModule(code=std_src, options=("-std=c++17",))
         self.std.compile()
@@ -131,7 +133,10 @@ class CudaBackend:
     def load_module(self, source: bytes, fmt: int) -> _Module:
         key = hashlib.sha256(bytes([fmt]) + source).hexdigest()
         raw = self._compiled.get(key)
-        if raw is None:
+        if raw is not None:
+            self.compile_hits += 1
+        else:
+            self.compile_misses += 1
             try:
                 if fmt == FORMAT_PTX:
                     path = self._ptx_dir / f"{key}.ptx"

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import wasmtime
 
 from app.runtime.artifacts import ArtifactCache
+from app.runtime.spans import SpanRecorder
 
 WASI = "wasi_snapshot_preview1"
 _EBADF, _EFAULT = 8, 21
@@ -35,6 +36,8 @@ class HostAbi(Protocol):
     """The `tensorwasm` import module as seen by the runner (app/gpu/abi.py)."""
 
     def define(self, linker: wasmtime.Linker) -> None: ...
+    spans: Any
+
     def begin(self, invocation_id: str, kernels: dict[str, str] | None) -> None: ...
     def end(self) -> dict[str, Any]: ...
 
@@ -50,6 +53,7 @@ class RunRequest:
     stdout_limit: int
     stderr_limit: int
     kernels: dict[str, str] | None = None
+    traceparent: str | None = None
 
 
 @dataclass
@@ -61,6 +65,7 @@ class RunResult:
     stderr: bytes = b""
     duration_ms: float = 0.0
     host: dict[str, Any] = field(default_factory=dict)
+    spans: list[dict[str, Any]] | None = None
 
 
 class _Sink:
@@ -177,8 +182,10 @@ class GuestRunner:
         self._stdout.reset(req.stdout_limit, tail_only=False)
         self._stderr.reset(req.stderr_limit, tail_only=True)
         result = RunResult(status="ok")
+        spans = SpanRecorder({"tensorwasm.function": req.function, "tensorwasm.invocation_id": req.invocation_id}) if req.traceparent else None
         if self.host is not None:
             self.host.begin(req.invocation_id, req.kernels)
+            self.host.spans = spans
         try:
             pre = self._instance_pre(req.sha256)
             store = wasmtime.Store(self.engine)
@@ -220,6 +227,10 @@ class GuestRunner:
         result.stdout = self._stdout.buf
         result.stderr = bytes(self._stderr.buf)
         result.duration_ms = (time.perf_counter() - started) * 1000
+        if spans is not None:
+            result.spans = spans.finish(result.status)
+            if self.host is not None:
+                self.host.spans = None
         return result
 
 

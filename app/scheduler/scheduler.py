@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,8 @@ class Scheduler:
         self.workers: list[WorkerHandle] = []
         self.tenants: dict[str, _Tenant] = {}
         self.restarts: Counter[str] = Counter()
-        self.rejections: Counter[str] = Counter()
+        self.rejections: Counter[tuple[str, str]] = Counter()  # (tenant, reason)
+        self.on_bind: Callable[[float], None] | None = None  # observes cold-start binding time
         self.device_budget = settings.device_memory_bytes
         self.backend = "unknown"
         self._changed = asyncio.Event()
@@ -178,14 +180,14 @@ class Scheduler:
         self._ensure_spares()
         self._notify()
 
-    def _committed(self) -> int:
+    def committed_bytes(self) -> int:
         overhead = self.settings.context_overhead_bytes
         return sum(overhead + (w.gpu_cap if w.tenant_id else 0) for w in self._alive())
 
     def _admits(self, cap: int) -> bool:
         if self.backend != "cuda" or not self.device_budget:
             return True
-        return self._committed() + cap <= self.device_budget
+        return self.committed_bytes() + cap <= self.device_budget
 
     def _evict_one(self, exclude: str) -> bool:
         idle = [w for w in self.workers if w.state == "idle" and w.tenant_id != exclude]
@@ -199,6 +201,7 @@ class Scheduler:
         if self.backend == "cuda" and self.device_budget and cap + self.settings.context_overhead_bytes > self.device_budget:
             raise NoCapacity(f"the tenant's GPU cap ({cap} bytes) does not fit this node's device")
         deadline = time.monotonic() + self.settings.worker_start_timeout_s
+        t_acquire = time.perf_counter()
         self._binders += 1
         try:
             while True:
@@ -218,6 +221,8 @@ class Scheduler:
                         except WorkerLost:
                             self._retire(spare, "crashed")
                             continue
+                        if self.on_bind is not None:
+                            self.on_bind(time.perf_counter() - t_acquire)  # waiting for a spare included
                         spare.state = "busy"
                         ts.workers.append(spare)
                         # Refill once this call has answered: spawning a process forks the api
@@ -250,7 +255,7 @@ class Scheduler:
             ts.running += 1
             return
         if len(ts.waiters) >= self.settings.queue_limit:
-            self.rejections["queue_full"] += 1
+            self.rejections[(ts.principal.name, "queue_full")] += 1
             raise Rejected("queue_full", f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ts.waiters.append(fut)
@@ -258,7 +263,7 @@ class Scheduler:
         if not done:
             ts.waiters.remove(fut)
             fut.cancel()
-            self.rejections["concurrency"] += 1
+            self.rejections[(ts.principal.name, "concurrency")] += 1
             raise Rejected(
                 "concurrency",
                 f"tenant is at its concurrency limit ({limit} running); retry shortly",
@@ -277,7 +282,7 @@ class Scheduler:
     def check_rate(self, principal: TenantPrincipal) -> None:
         wait = self._tenant(principal).bucket.take()
         if wait > 0:
-            self.rejections["rate"] += 1
+            self.rejections[(principal.name, "rate")] += 1
             raise Rejected(
                 "rate",
                 f"tenant exceeded its rate of {principal.quota.requests_per_second:g} invocations per second",

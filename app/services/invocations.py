@@ -23,6 +23,9 @@ from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.kernels import KernelRepository
 from app.runtime.compiler import ModuleCompiler
 from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
+from app.observability import context as ctx
+from app.observability.metrics import Metrics
+from app.observability.tracing import Tracing
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 
@@ -206,16 +209,19 @@ _STATUS = {
 
 
 class InvokeService:
-    def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, recorder: InvocationRecorder) -> None:
+    def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, recorder: InvocationRecorder, metrics: Metrics, tracing: Tracing) -> None:
         self.settings = settings
         self.functions = functions
         self.scheduler = scheduler
         self.recorder = recorder
+        self.metrics = metrics
+        self.tracing = tracing
 
     async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
         meta = await self.functions.function(tenant.id, name)
         kernels = await self.functions.kernels(tenant.id)
         invocation_id = uuid.uuid4().hex
+        ctx.invocation_id.set(invocation_id)
         timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
         env = dict(meta.env)
         env.update(
@@ -248,26 +254,33 @@ class InvokeService:
             "exit_code": None,
             "stderr_tail": None,
         }
+        traceparent = None
         try:
-            reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
+            if self.tracing.enabled:
+                with self.tracing.tracer.start_as_current_span("scheduler.run", attributes={"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
+                    traceparent = header["traceparent"] = self.tracing.traceparent()
+                    reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
+                    self.tracing.emit_worker_spans(traceparent, reply.get("spans") or [])
+            else:
+                reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
         except Rejected as exc:
             raise ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)}) from None
         except NoCapacity as exc:
             raise ApiError(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"}) from None
         except HardTimeout:
             msg = f"the invocation exceeded its time limit of {timeout_ms} ms and its worker was replaced"
-            self._finish(record, "timeout", t0, error=msg)
+            self._finish(record, "timeout", t0, tenant.name, error=msg)
             return InvokeOutcome(invocation_id, 504, b"", "", {"code": "timeout", "message": msg})
         except WorkerCrashed:
             msg = "the worker running this invocation crashed; it has been replaced, retry the call"
-            self._finish(record, "worker_crashed", t0, error=msg)
+            self._finish(record, "worker_crashed", t0, tenant.name, error=msg)
             return InvokeOutcome(invocation_id, 500, b"", "", {"code": "worker_crashed", "message": msg})
 
         stdout_len = int(reply.get("stdout_len", 0))
         stdout, stderr = out[:stdout_len], out[stdout_len:]
         stderr_tail = stderr.decode("utf-8", "replace") if stderr else None
         http, status, code = _STATUS.get(reply.get("status", "error"), _STATUS["error"])
-        self._finish(record, status, t0, exit_code=reply.get("exit_code"), error=reply.get("error"), stderr=stderr_tail)
+        self._finish(record, status, t0, tenant.name, exit_code=reply.get("exit_code"), error=reply.get("error"), stderr=stderr_tail, host=reply.get("host"))
         if code is None:
             return InvokeOutcome(invocation_id, 200, stdout, meta.content_type)
         err: dict[str, Any] = {"code": code, "message": reply.get("error") or status}
@@ -277,10 +290,17 @@ class InvokeService:
             err["stderr_tail"] = stderr_tail[-4096:]
         return InvokeOutcome(invocation_id, http, b"", "", err)
 
-    def _finish(self, record: dict[str, Any], status: str, t0: float, exit_code: int | None = None, error: str | None = None, stderr: str | None = None) -> None:
+    def _finish(
+        self, record: dict[str, Any], status: str, t0: float, tenant: str, exit_code: int | None = None,
+        error: str | None = None, stderr: str | None = None, host: dict[str, Any] | None = None,
+    ) -> None:
+        seconds = time.perf_counter() - t0
+        self.metrics.invocation(tenant, record["function"], status, seconds, host)
+        if status != "succeeded":
+            log.info("invocation %s of %s ended %s: %s", record["id"], record["function"], status, error)
         record.update(
             status=status,
-            duration_ms=(time.perf_counter() - t0) * 1000,
+            duration_ms=seconds * 1000,
             exit_code=exit_code,
             error=error,
             stderr_tail=stderr,

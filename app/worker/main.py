@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 stdout_limit=header["stdout_limit"],
                 stderr_limit=header["stderr_limit"],
                 kernels=header.get("kernels"),
+                traceparent=header.get("traceparent"),
             )
             res = runner.run(req, body)
             invocations += 1
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                     "stdout_len": len(res.stdout),
                     "duration_ms": res.duration_ms,
                     "host": res.host,
+                    **({"spans": res.spans} if res.spans else {}),
                 },
                 bytes(res.stdout) + res.stderr,
             )

@@ -7,9 +7,10 @@ anything the other wrote, so a compromised worker cannot run code in the api pro
 Requests (api -> worker), by ``op``:
   ``bind``    {tenant_id, tenant, gpu_memory_bytes}            -> ``ok``
   ``run``     {invocation_id, function, sha256, artifact, env, argv, timeout_ms,
-               wasm_memory_bytes, stdout_limit, stderr_limit, kernels?}; body = stdin
-              -> ``result`` {status, exit_code, error, stdout_len, duration_ms, gpu_peak_bytes,
-               device_error}; body = stdout + stderr tail
+               wasm_memory_bytes, stdout_limit, stderr_limit, kernels?, traceparent?}; body = stdin
+              -> ``result`` {status, exit_code, error, stdout_len, duration_ms, host: {launches,
+               compile_hits, compile_misses, gpu_peak_bytes, device_error?}, spans?};
+               body = stdout + stderr tail
   ``stats``   {}                                               -> ``stats`` {gpu_bytes_in_use, ...}
   ``exit``    {}                                               -> (the worker exits)
 Unsolicited (worker -> api): ``ready`` {pid, backend, device} once at start.

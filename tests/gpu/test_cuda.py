@@ -87,12 +87,14 @@ async def test_runtime_compiled_kernel(gpu, c_guest) -> None:
 
 
 async def test_ptx_module_and_compile_errors(gpu, c_guest) -> None:
+    import cupy
     from cupy_backends.cuda.libs import nvrtc
 
     client, _ = gpu
     key = await _tenant(client, c_guest)
     prog = nvrtc.createProgram(SQUARE, "sq.cu", [], [])
-    nvrtc.compileProgram(prog, ["--gpu-architecture=compute_70"])  # PTX, JIT-compiled by the driver
+    cc = cupy.cuda.Device().compute_capability
+    nvrtc.compileProgram(prog, [f"--gpu-architecture=compute_{cc}"])  # PTX, JIT-compiled by the driver
     ptx = nvrtc.getPTX(prog)
     nvrtc.destroyProgram(prog)
     x = np.arange(100, dtype=np.float32)

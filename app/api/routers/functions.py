@@ -129,7 +129,9 @@ async def delete_function(name: NameParam, tenant: TenantDep, session: SessionDe
 )
 async def invoke_function(name: NameParam, request: Request, tenant: TenantDep, platform: PlatformDep) -> Response:
     body = await read_limited(request, platform.settings.max_request_bytes)
-    service = InvokeService(platform.settings, platform.function_cache, platform.scheduler, platform.recorder)
+    service = InvokeService(
+        platform.settings, platform.function_cache, platform.scheduler, platform.recorder, platform.metrics, platform.tracing
+    )
     outcome = await service.invoke(
         tenant, name, body, request.url.query, request.headers.get("content-type", "")
     )

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+import hmac
+
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.api.deps import PlatformDep
+from app.api.errors import ApiError
 from app.api.schemas import Health
 
 router = APIRouter(tags=["ops"])
@@ -30,3 +34,18 @@ async def readyz(platform: PlatformDep) -> JSONResponse:
     detail["workers"] = "ok" if workers else "none ready"
     ok = ok and workers
     return JSONResponse(status_code=200 if ok else 503, content=Health(status="ok" if ok else "unavailable", detail=detail).model_dump())
+
+
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+)
+async def metrics(request: Request, platform: PlatformDep) -> Response:
+    token = platform.settings.metrics_token
+    if token:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise ApiError(401, "unauthorized", "send `Authorization: Bearer <metrics token>`", {"WWW-Authenticate": "Bearer"})
+    return Response(generate_latest(platform.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,106 @@
+"""Prometheus metrics (`tensorwasm_*`), one registry per app.
+
+Workers are separate processes, so nothing is counted inside them: each invocation's result
+carries the worker's counts (launches, compile cache), which the api process adds up here, and
+live gauges (GPU bytes in use) are read at scrape time from each worker's shared stats page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from app.scheduler.scheduler import Scheduler
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed")
+RESTART_REASONS = ("crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed")
+WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.invocations = Counter("tensorwasm_invocations", "Invocations by tenant, function and outcome", ["tenant", "function", "outcome"], registry=r)
+        self.invocation_seconds = Histogram("tensorwasm_invocation_duration_seconds", "Invocation latency (api view, queueing included)", ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.cold_start_seconds = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=r)
+        self.kernel_launches = Counter("tensorwasm_kernel_launches", "Kernel launches by guests", ["tenant"], registry=r)
+        self.compile_cache = Counter("tensorwasm_kernel_compile_cache", "Kernel module loads by compile-cache result", ["result"], registry=r)
+        self.http_requests = Counter("tensorwasm_http_requests", "HTTP requests by route template", ["method", "route", "status"], registry=r)
+        self.http_seconds = Histogram("tensorwasm_http_request_duration_seconds", "HTTP latency by route template", ["method", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        for result in ("hit", "miss"):
+            self.compile_cache.labels(result)  # present (at 0) before the first GPU module
+
+    def attach(self, scheduler: "Scheduler") -> None:
+        self.registry.register(_LiveCollector(scheduler))
+
+    def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: dict[str, int] | None) -> None:
+        self.invocations.labels(tenant, function, outcome).inc()
+        self.invocation_seconds.labels(tenant).observe(seconds)
+        if host:
+            if host.get("launches"):
+                self.kernel_launches.labels(tenant).inc(host["launches"])
+            if host.get("compile_hits"):
+                self.compile_cache.labels("hit").inc(host["compile_hits"])
+            if host.get("compile_misses"):
+                self.compile_cache.labels("miss").inc(host["compile_misses"])
+
+
+class _LiveCollector(Collector):
+    """Gauges and scheduler-owned counters, computed at scrape time."""
+
+    def __init__(self, scheduler: "Scheduler") -> None:
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        s = self.scheduler
+        states = GaugeMetricFamily("tensorwasm_workers", "Worker processes by state", labels=["state"])
+        counts = {st: 0 for st in WORKER_STATES}
+        used = GaugeMetricFamily("tensorwasm_gpu_memory_in_use_bytes", "Live GPU buffer bytes per tenant (all its contexts)", labels=["tenant"])
+        cap = GaugeMetricFamily("tensorwasm_gpu_memory_cap_bytes", "GPU memory cap per tenant context", labels=["tenant"])
+        per_tenant_used: dict[str, int] = {}
+        per_tenant_cap: dict[str, int] = {}
+        for w in s.workers:
+            if w.state in counts:
+                counts[w.state] += 1
+            if w.tenant_name and w.state != "dead":
+                per_tenant_used[w.tenant_name] = per_tenant_used.get(w.tenant_name, 0) + w.live_stats().get("gpu_bytes_in_use", 0)
+                per_tenant_cap[w.tenant_name] = w.gpu_cap
+        for st, n in counts.items():
+            states.add_metric([st], n)
+        for t, v in per_tenant_used.items():
+            used.add_metric([t], v)
+            cap.add_metric([t], per_tenant_cap[t])
+        yield states
+        yield used
+        yield cap
+
+        committed = GaugeMetricFamily("tensorwasm_gpu_memory_committed_bytes", "Device memory promised to contexts: caps plus per-context overhead")
+        committed.add_metric([], s.committed_bytes())
+        yield committed
+        budget = GaugeMetricFamily("tensorwasm_gpu_memory_budget_bytes", "Device memory the scheduler may hand out (0: no GPU)")
+        budget.add_metric([], s.device_budget if s.backend == "cuda" else 0)
+        yield budget
+
+        queue = GaugeMetricFamily("tensorwasm_queue_depth", "Invocations waiting for a concurrency slot", labels=["tenant"])
+        running = GaugeMetricFamily("tensorwasm_running_invocations", "Invocations running now", labels=["tenant"])
+        for ts in s.tenants.values():
+            queue.add_metric([ts.principal.name], len(ts.waiters))
+            running.add_metric([ts.principal.name], ts.running)
+        yield queue
+        yield running
+
+        restarts = CounterMetricFamily("tensorwasm_worker_restarts", "Workers replaced, by reason", labels=["reason"])
+        for reason in sorted(set(RESTART_REASONS) | set(s.restarts)):
+            restarts.add_metric([reason], s.restarts.get(reason, 0))
+        yield restarts
+        rejected = CounterMetricFamily("tensorwasm_rejections", "Invocations refused with 429, by tenant and reason", labels=["tenant", "reason"])
+        for (tenant, reason), n in sorted(s.rejections.items()):
+            rejected.add_metric([tenant, reason], n)
+        yield rejected
