@@ -142,9 +142,10 @@ class Scheduler:
             watcher = asyncio.get_running_loop().create_task(self._watch(w))
             self._tasks.add(watcher)
             watcher.add_done_callback(self._tasks.discard)
-            self.backend = w.backend
-            if not self.settings.device_memory_bytes and w.backend == "cuda":
-                self.device_budget = int(w.device.get("total_memory_bytes", 0))
+            if self.backend == "unknown":  # every worker of a node runs the same backend
+                self.backend = w.backend
+                if not self.settings.device_memory_bytes and w.backend == "cuda":
+                    self.device_budget = int(w.device.get("total_memory_bytes", 0))
         except Exception as exc:
             log.error("worker %s failed to start: %s", w.id, exc)
             self._start_failures += 1
