@@ -79,6 +79,7 @@ class _Instance:
         self.launches = 0
         self.device_error: str | None = None
         self.memory: wasmtime.Memory | None = None  # the guest's exported memory, looked up once
+        self.mem_view = (-1, 0)  # (size, base address): the base only moves when the size changes
         # prepared launches: (fn, dims, raw args) -> (buffers to revalidate, thunk)
         self.launch_cache: dict[tuple[Any, ...], tuple[tuple[tuple[int, Any], ...], Callable[[], None]]] = {}
 
@@ -240,6 +241,12 @@ class AbiHost:
                 Code.INVALID_POINTER,
                 f"{fn}: range [{ptr}, {ptr + length}) is outside linear memory ({size} bytes)",
             )
+        if inst is not None:
+            cached_size, base = inst.mem_view
+            if cached_size != size:
+                base = ctypes.addressof(mem.data_ptr(caller).contents)
+                inst.mem_view = (size, base)
+            return base + ptr
         return ctypes.addressof(mem.data_ptr(caller).contents) + ptr
 
     def _read_guest(self, caller: wasmtime.Caller, fn: str, ptr: int, length: int) -> bytes:
@@ -441,7 +448,13 @@ class AbiHost:
         hit = inst.launch_cache.get(key)
         # A repeated launch (same kernel, shape and argument bytes) reuses its validated, prepared
         # form, provided every buffer it names is still the same live buffer.
-        if hit is not None and all(inst.handles.get(h) is b for h, b in hit[0]):
+        if hit is not None:
+            handles = inst.handles
+            for h, b in hit[0]:
+                if handles.get(h) is not b:
+                    hit = None
+                    break
+        if hit is not None:
             hit[1]()
         else:
             grid, block = (gx, gy, gz), (bx, by, bz)
