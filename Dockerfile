@@ -3,41 +3,40 @@
 #   CUDA image:  docker build --target cuda -t tensorwasm:cuda .
 # Workers run in the same container as the api process (they are its child processes).
 
-# ---- CPU (default target is the last stage; see `cpu` below) ---------------------------------
+# ---- the application source, shared by both images ---------------------------------------------
+FROM scratch AS src
+COPY pyproject.toml README.md alembic.ini /app/
+COPY app /app/app
+COPY kernels /app/kernels
+COPY migrations /app/migrations
+
+# ---- CPU --------------------------------------------------------------------------------------
 FROM python:3.12-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     TENSORWASM_HOST=0.0.0.0 TENSORWASM_PORT=8080 TENSORWASM_DATA_DIR=/var/lib/tensorwasm
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY app ./app
-COPY kernels ./kernels
-COPY migrations ./migrations
-COPY alembic.ini ./
+COPY --from=src /app /app
 RUN pip install --no-cache-dir -e . && useradd --system --uid 10001 tensorwasm \
     && mkdir -p /var/lib/tensorwasm && chown tensorwasm /var/lib/tensorwasm
 USER tensorwasm
 EXPOSE 8080
-HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/healthz'); sys.exit(0)"
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz')"
 CMD ["tensorwasm", "serve"]
 
 # ---- CUDA: the same app on the CUDA runtime with CuPy ---------------------------------------
 FROM nvidia/cuda:13.0.0-runtime-ubuntu24.04 AS cuda
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     TENSORWASM_HOST=0.0.0.0 TENSORWASM_PORT=8080 TENSORWASM_DATA_DIR=/var/lib/tensorwasm \
-    TENSORWASM_BACKEND=cuda
+    TENSORWASM_BACKEND=cuda PATH=/opt/venv/bin:$PATH
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY app ./app
-COPY kernels ./kernels
-COPY migrations ./migrations
-COPY alembic.ini ./
+COPY --from=src /app /app
 RUN pip install --no-cache-dir -e '.[gpu]' && useradd --system --uid 10001 tensorwasm \
     && mkdir -p /var/lib/tensorwasm && chown tensorwasm /var/lib/tensorwasm
 USER tensorwasm
 EXPOSE 8080
 CMD ["tensorwasm", "serve"]
 
+# the default target (last stage): the CPU image
 FROM base AS cpu

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.api.errors import ApiError, not_found
@@ -179,12 +180,27 @@ class InvocationRecorder:
                 async with self.sessionmaker() as session:
                     await InvocationRepository(session).insert_many(rows)
                     await session.commit()
+            except IntegrityError:
+                # A tenant deleted while its call ran: its record has nowhere to go. Write the
+                # batch row by row so every other record still lands.
+                await self._insert_each(rows)
             except Exception:
                 # keep them for the next try, bounded so a dead database cannot exhaust memory
                 keep = rows[-50_000:]
                 self.dropped += len(rows) - len(keep)
                 self._pending = keep + self._pending
                 raise
+
+
+    async def _insert_each(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            try:
+                async with self.sessionmaker() as session:
+                    await InvocationRepository(session).insert_many([row])
+                    await session.commit()
+            except IntegrityError:
+                self.dropped += 1
+                log.info("dropped the record of invocation %s: its tenant no longer exists", row["id"])
 
 
 @dataclass

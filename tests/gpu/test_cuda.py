@@ -168,10 +168,9 @@ async def test_endless_kernel_is_504_and_next_call_fine(gpu, c_guest) -> None:
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
     assert time.monotonic() - t0 < 1.0 + platform.settings.hard_timeout_grace_ms / 1000 + 1.0
     x = np.ones(10, dtype=np.float32)
-    ok = request("scale_f32", [Buf(40, f32(x))], [rec_buf(0), rec_i32(0)], [0])
     r = await run(client, key, request("relu_f32", [Buf(40, f32(-x)), Buf(40)], [rec_buf(0), rec_buf(1), rec_i32(10)], [1]))
     assert r.status_code == 200 and np.frombuffer(r.content, dtype=np.float32).sum() == 0
-    assert ok
+    assert platform.scheduler.restarts["hard_timeout"] >= 1
 
 
 async def test_workers_report_gpu_bytes(gpu, c_guest) -> None:
