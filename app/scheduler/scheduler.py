@@ -260,7 +260,15 @@ class Scheduler:
             raise Rejected("queue_full", f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ts.waiters.append(fut)
-        done, _ = await asyncio.wait({fut}, timeout=self.settings.queue_wait_ms / 1000)
+        try:
+            done, _ = await asyncio.wait({fut}, timeout=self.settings.queue_wait_ms / 1000)
+        except asyncio.CancelledError:  # the caller went away while queued
+            if fut.done():
+                self._leave(ts)  # a slot was already handed to us: pass it on
+            else:
+                ts.waiters.remove(fut)
+                fut.cancel()
+            raise
         if not done:
             ts.waiters.remove(fut)
             fut.cancel()
