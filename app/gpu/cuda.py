@@ -71,6 +71,7 @@ class CudaBackend:
         self._ptx_dir = cache_dir / "ptx"
         self._ptx_dir.mkdir(parents=True, exist_ok=True)
         self._compiled: dict[str, Any] = {}  # source sha256 -> RawModule (this worker's cache)
+        self._functions: dict[tuple[int, str], Any] = {}  # (module, name) -> resolved CUfunction
         self._prefetch = True
         self.compile_hits = 0
         self.compile_misses = 0
@@ -155,10 +156,15 @@ class CudaBackend:
         return _Module(raw, std=False)
 
     def get_function(self, module: _Module, name: str) -> Any:
-        try:
-            return module.raw.get_function(name)
-        except Exception:
-            raise BackendError(Code.NOT_FOUND, f"function_get: no kernel named {name!r} in this module") from None
+        key = (id(module.raw), name)  # modules live in self._compiled for the worker's life
+        fn = self._functions.get(key)
+        if fn is None:
+            try:
+                fn = self._function(module.raw.get_function(name))
+            except Exception:
+                raise BackendError(Code.NOT_FOUND, f"function_get: no kernel named {name!r} in this module") from None
+            self._functions[key] = fn
+        return fn
 
     def _scalar_or_ptr(self, arg: Any) -> Any:
         if isinstance(arg, tuple):  # (buffer, offset)
