@@ -78,7 +78,8 @@ class CudaBackend:
         std_src = (REPO_ROOT / "kernels" / "std.cu").read_text()
         self.std = self.cp.RawModule(code=std_src, options=("-std=c++17",))
         self.std.compile()
-        self._std_fns = {n: self.std.get_function(n) for n in STD if n != "gemm_f32"}
+        # resolved once: looking a function up through RawModule re-keys the whole std source
+        self._std_fns = {n: self._function(self.std.get_function(n)) for n in STD if n != "gemm_f32"}
         # warm cuBLAS (handle creation costs ~100 ms) so a tenant's first gemm does not pay it
         w = cupy.ones((8, 8), dtype=cupy.float32)
         cupy.matmul(w, w)
@@ -178,7 +179,7 @@ class CudaBackend:
         kargs = tuple(
             np.uint64(a[0].ptr + a[1]) if p == "buf" else _SCALARS[p](a) for p, a in zip(params, args)
         )
-        fn = self._function(self._std_fns[name])
+        fn = self._std_fns[name]
         return lambda: self._launch(fn, grid, block, 0, kargs)
 
     def _gemm(self, args: list[Any]) -> None:
