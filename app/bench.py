@@ -85,6 +85,17 @@ async def _latencies(client: httpx.AsyncClient, method: str, url: str, n: int, *
     return out
 
 
+async def _quiesce(client: httpx.AsyncClient) -> None:
+    """Wait until no worker is starting: a spawn costs seconds of CPU and would skew both sides."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workers = (await client.get("/v1/admin/workers", headers=admin)).json()
+        if not any(w["state"] == "starting" for w in workers):
+            return
+        await asyncio.sleep(0.2)
+
+
 async def _throughput(client: httpx.AsyncClient, method: str, url: str, n: int, conc: int, **kw: Any) -> float:
     left = n
 
@@ -123,6 +134,8 @@ async def _invoke_bench(base: str, requests: int, conc: int) -> dict[str, float]
             r.raise_for_status()
         headers = _setup_tenant(base, wasm, "hot", requests_per_second=1e6, max_concurrency=conc)
         inv = {"headers": headers}
+        await _latencies(client, "POST", "/v1/functions/f/invoke", 50, **inv)  # bind the hot tenant
+        await _quiesce(client)
         await _latencies(client, "POST", "/v1/functions/f/invoke", 200, **inv)  # warm up
         await _latencies(client, "GET", "/healthz", 200)
         bare = await _latencies(client, "GET", "/healthz", requests)

@@ -8,7 +8,7 @@ live gauges (GPU bytes in use) are read at scrape time from each worker's shared
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -36,16 +36,25 @@ class Metrics:
         self.http_seconds = Histogram("tensorwasm_http_request_duration_seconds", "HTTP latency by route template", ["method", "route"], buckets=LATENCY_BUCKETS, registry=r)
         for result in ("hit", "miss"):
             self.compile_cache.labels(result)  # present (at 0) before the first GPU module
+        # label children by label values: `labels()` locks and rebuilds its key on every call
+        self._children: dict[tuple[object, ...], object] = {}
+
+    def child(self, metric: object, *values: str) -> Any:
+        key = (id(metric), *values)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*values)  # type: ignore[attr-defined]
+        return c
 
     def attach(self, scheduler: "Scheduler") -> None:
         self.registry.register(_LiveCollector(scheduler))
 
     def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: dict[str, int] | None) -> None:
-        self.invocations.labels(tenant, function, outcome).inc()
-        self.invocation_seconds.labels(tenant).observe(seconds)
+        self.child(self.invocations, tenant, function, outcome).inc()
+        self.child(self.invocation_seconds, tenant).observe(seconds)
         if host:
             if host.get("launches"):
-                self.kernel_launches.labels(tenant).inc(host["launches"])
+                self.child(self.kernel_launches, tenant).inc(host["launches"])
             if host.get("compile_hits"):
                 self.compile_cache.labels("hit").inc(host["compile_hits"])
             if host.get("compile_misses"):

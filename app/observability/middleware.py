@@ -51,7 +51,8 @@ class ObservabilityMiddleware:
             template = getattr(route, "path", None) or "unmatched"
             elapsed = time.perf_counter() - t0
             method = scope["method"]
-            self.metrics.http_requests.labels(method, template, str(status)).inc()
-            self.metrics.http_seconds.labels(method, template).observe(elapsed)
+            m = self.metrics
+            m.child(m.http_requests, method, template, str(status)).inc()
+            m.child(m.http_seconds, method, template).observe(elapsed)
             if self.access_log:
                 log.info("%s %s %d %.1fms", method, scope["path"], status, elapsed * 1000)
