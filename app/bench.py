@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 
 from app.settings import REPO_ROOT, get_settings
 

@@ -222,6 +222,9 @@ class Scheduler:
                         except WorkerLost:
                             self._retire(spare, "crashed")
                             continue
+                        except BaseException:  # cancelled mid-bind: its reply would be orphaned
+                            self._retire(spare, "cancelled")
+                            raise
                         if self.on_bind is not None:
                             self.on_bind(time.perf_counter() - t_acquire)  # waiting for a spare included
                         spare.state = "busy"

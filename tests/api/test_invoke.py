@@ -8,7 +8,6 @@ import signal
 import time
 
 import httpx
-import pytest
 
 from tests.conftest import ADMIN, deploy, new_tenant, wat
 
