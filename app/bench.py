@@ -63,13 +63,15 @@ def server(**env: str) -> Iterator[str]:
             proc.wait(timeout=30)
 
 
-def _setup_tenant(base: str, wasm: bytes, name: str, **quota: Any) -> dict[str, str]:
+def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], **quota: Any) -> dict[str, str]:
+    """Create a tenant and a key, deploy `functions` (name -> module); returns its auth header."""
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    t = httpx.post(f"{base}/v1/admin/tenants", json={"name": name, "quota": quota}, headers=admin).json()
-    key = httpx.post(f"{base}/v1/admin/tenants/{t['id']}/api-keys", headers=admin).json()["key"]
-    headers = {"Authorization": f"Bearer {key}"}
-    r = httpx.put(f"{base}/v1/functions/f", content=wasm, headers={**headers, "Content-Type": "application/wasm"})
+    r = client.post("/v1/admin/tenants", json={"name": name, "quota": quota}, headers=admin)
     r.raise_for_status()
+    key = client.post(f"/v1/admin/tenants/{r.json()['id']}/api-keys", headers=admin).json()["key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    for fn, wasm in functions.items():
+        client.put(f"/v1/functions/{fn}", content=wasm, headers={**headers, "Content-Type": "application/wasm"}).raise_for_status()
     return headers
 
 
@@ -121,17 +123,18 @@ async def _invoke_bench(base: str, requests: int, conc: int) -> dict[str, float]
 
     wasm = bytes(wasmtime.wat2wasm(NOOP_WAT))
     limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
+    setup = httpx.Client(base_url=base, timeout=60)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
         # cold start: the first call of a newly deployed tenant (binds a warm spare)
         cold = []
         for i in range(5):
-            headers = _setup_tenant(base, wasm, f"cold{i}", requests_per_second=1e6, max_concurrency=conc)
+            headers = setup_tenant(setup, f"cold{i}", {"f": wasm}, requests_per_second=1e6, max_concurrency=conc)
             await asyncio.sleep(1.0)  # let the spare pool refill, as between real arrivals
             t0 = time.perf_counter()
             r = await client.post("/v1/functions/f/invoke", headers=headers)
             cold.append(time.perf_counter() - t0)
             r.raise_for_status()
-        headers = _setup_tenant(base, wasm, "hot", requests_per_second=1e6, max_concurrency=conc)
+        headers = setup_tenant(setup, "hot", {"f": wasm}, requests_per_second=1e6, max_concurrency=conc)
         inv = {"headers": headers}
         await _latencies(client, "POST", "/v1/functions/f/invoke", 50, **inv)  # bind the hot tenant
         await _quiesce(client)
@@ -142,6 +145,7 @@ async def _invoke_bench(base: str, requests: int, conc: int) -> dict[str, float]
         await _throughput(client, "POST", "/v1/functions/f/invoke", conc * 10, conc, **inv)
         bare_tp = await _throughput(client, "GET", "/healthz", requests * 2, conc)
         inv_tp = await _throughput(client, "POST", "/v1/functions/f/invoke", requests * 2, conc, **inv)
+    setup.close()
     return {
         "bare_p50_ms": _pct(bare, 0.5) * 1e3,
         "bare_p99_ms": _pct(bare, 0.99) * 1e3,

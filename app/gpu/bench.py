@@ -1,7 +1,7 @@
 """`tensorwasm bench gpu`: guest GPU paths against raw CuPy, measured in the same run.
 
 Run on a GPU machine. Each guest figure is timed inside the guest (WASI monotonic clock) by
-tests/guests/kernel_runner.c, so HTTP and process hops are excluded; each baseline is the same
+examples/kernel_runner.c, so HTTP and process hops are excluded; each baseline is the same
 work done directly with CuPy in this process.
 """
 
@@ -20,8 +20,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from app.bench import ADMIN, server
-from app.settings import REPO_ROOT
+from app.bench import ADMIN, server, setup_tenant
+from app.gpu import kernel_runner
+from app.gpu.kernel_runner import TIME_LAUNCHES, TIME_PATH, Buf, rec_buf, rec_f32, rec_i32, request
 
 TINY = 'extern "C" __global__ void tiny(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }'
 SCALE = 'extern "C" __global__ void scale2(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }'
@@ -32,29 +33,12 @@ def _runner_wasm() -> bytes:
     if prebuilt:
         return (Path(prebuilt) / "kernel_runner.wasm").read_bytes()
     out = Path(tempfile.mkdtemp()) / "kernel_runner.wasm"
-    src = REPO_ROOT / "tests" / "guests" / "kernel_runner.c"
+    src = kernel_runner.SOURCE
     subprocess.run(
-        [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{REPO_ROOT / 'examples'}", str(src), "-o", str(out)],
+        [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{src.parent}", str(src), "-o", str(out)],
         check=True,
     )
     return out.read_bytes()
-
-
-def _req(module: bytes, kind: int, fn: str, bufs: list[tuple[int, bytes]], records: bytes, grid: tuple[int, int, int], block: tuple[int, int, int], repeat: int, flags: int, outs: list[int]) -> bytes:
-    parts = [struct.pack("<BI", kind, len(module)), module, struct.pack("<I", len(fn)), fn.encode(), struct.pack("<I", len(bufs))]
-    for size, init in bufs:
-        parts += [struct.pack("<QI", size, len(init)), init]
-    parts += [struct.pack("<7I", *grid, *block, 0), struct.pack("<I", len(records)), records]
-    parts += [struct.pack("<III", repeat, flags, len(outs)), struct.pack(f"<{len(outs)}I", *outs)]
-    return b"".join(parts)
-
-
-def _buf(i: int) -> bytes:
-    return struct.pack("<Biq", 0x10, i, 0)
-
-
-def _i32(v: int) -> bytes:
-    return struct.pack("<Bi", 0x01, v)
 
 
 def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes, reps: int) -> float:
@@ -67,14 +51,9 @@ def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes,
     return statistics.median(times)
 
 
-def tenant_on(client: httpx.Client, name: str, wasm: bytes) -> dict[str, str]:
-    admin = {"Authorization": f"Bearer {ADMIN}"}
+def _tenant(client: httpx.Client, name: str, wasm: bytes) -> dict[str, str]:
     quota = {"gpu_memory_bytes": 1 << 30, "requests_per_second": 1e5, "wasm_memory_bytes": 1 << 30, "timeout_ms": 60_000}
-    t = client.post("/v1/admin/tenants", json={"name": name, "quota": quota}, headers=admin).json()
-    key = client.post(f"/v1/admin/tenants/{t['id']}/api-keys", headers=admin).json()["key"]
-    h = {"Authorization": f"Bearer {key}"}
-    client.put("/v1/functions/runner", content=wasm, headers={**h, "Content-Type": "application/wasm"}).raise_for_status()
-    return h
+    return setup_tenant(client, name, {"runner": wasm}, **quota)
 
 
 def _gpu_mem_used_mib() -> float:
@@ -148,42 +127,47 @@ def bench_gpu(args: argparse.Namespace) -> int:
             workers = [w for w in client.get("/v1/admin/workers", headers=admin).json() if w["state"] == "spare"]
             res["context_overhead_mib"] = (_gpu_mem_used_mib() - used_before) / max(1, len(workers))
 
-            def tenant(name: str) -> dict[str, str]:
-                return tenant_on(client, name, wasm)
-
             cold = []
             for i in range(5):
-                h = tenant(f"cold{i}")
+                h = _tenant(client, f"cold{i}", wasm)
                 time.sleep(1.5)
-                body = _req(b"std", 0, "scale_f32", [(64, b"")], _buf(0) + struct.pack("<Bf", 3, 1.0) + _i32(16), (1, 1, 1), (16, 1, 1), 1, 0, [])
+                body = request("scale_f32", [Buf(64)], [rec_buf(0), rec_f32(1.0), rec_i32(16)], [], block=(16, 1, 1))
                 t0 = time.perf_counter()
                 client.post("/v1/functions/runner/invoke", content=body, headers=h).raise_for_status()
                 cold.append(time.perf_counter() - t0)
             res["gpu_cold_start_ms"] = statistics.median(cold) * 1e3
 
-            h = tenant("hot")
-            launch = _req(TINY.encode(), 1, "tiny", [(1024, b"")], _buf(0) + _i32(256), (1, 1, 1), (256, 1, 1), 1000, 1, [])
+            h = _tenant(client, "hot", wasm)
+            launch = request("tiny", [Buf(1024)], [rec_buf(0), rec_i32(256)], [], module=TINY, kind=1, repeat=1000, flags=TIME_LAUNCHES)
             _median_guest_ns(client, h, launch, 2)
             res["guest_launch_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
 
-            path = _req(SCALE.encode(), 1, "scale2", [(4 << 20, host.tobytes())], _buf(0) + _i32(n), (n // 256, 1, 1), (256, 1, 1), 1, 2, [0])
+            path = request("scale2", [Buf(4 << 20, host.tobytes())], [rec_buf(0), rec_i32(n)], [0], grid=(n // 256, 1, 1), module=SCALE, kind=1, flags=TIME_PATH)
             _median_guest_ns(client, h, path, 3)
             res["guest_4mib_path_us"] = _median_guest_ns(client, h, path, 11) / 1e3
 
     # the same paths with plain device memory instead of managed memory
     with server(TENSORWASM_BACKEND="cuda", TENSORWASM_MAX_WORKERS="2", TENSORWASM_WARM_SPARES="1", TENSORWASM_GPU_MEMORY="device") as base:
         with httpx.Client(base_url=base, timeout=120) as client:
-            h = tenant_on(client, "dev", wasm)
+            h = _tenant(client, "dev", wasm)
             _median_guest_ns(client, h, path, 3)
             res["guest_4mib_path_device_mem_us"] = _median_guest_ns(client, h, path, 11) / 1e3
             _median_guest_ns(client, h, launch, 2)
             res["guest_launch_device_mem_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
     with server(TENSORWASM_BACKEND="cuda", TENSORWASM_MAX_WORKERS="2", TENSORWASM_WARM_SPARES="1", TENSORWASM_MAX_REQUEST_BYTES=str(512 << 20)) as base:
         with httpx.Client(base_url=base, timeout=120) as client:
-            h = tenant_on(client, "gemm", wasm)
+            h = _tenant(client, "gemm", wasm)
             # a 4 MiB random pattern, tiled by the guest over each 64 MiB matrix (never time on zeros)
             a = np.random.default_rng().standard_normal(1 << 20).astype(np.float32).tobytes()
-            gemm = _req(b"std", 0, "gemm_f32", [(4 * m * m, a), (4 * m * m, a[::-1]), (4 * m * m, b"")], _buf(0) + _buf(1) + _buf(2) + _i32(m) + _i32(m) + _i32(m), (m * m // 256, 1, 1), (256, 1, 1), 10, 1, [])
+            gemm = request(
+                "gemm_f32",
+                [Buf(4 * m * m, a), Buf(4 * m * m, a[::-1]), Buf(4 * m * m)],
+                [rec_buf(0), rec_buf(1), rec_buf(2), rec_i32(m), rec_i32(m), rec_i32(m)],
+                [],
+                grid=(m * m // 256, 1, 1),
+                repeat=10,
+                flags=TIME_LAUNCHES,
+            )
             _median_guest_ns(client, h, gemm, 1)
             res["guest_gemm4096_ms"] = _median_guest_ns(client, h, gemm, 3) / 10 / 1e6
 

@@ -9,6 +9,7 @@ ids and timestamps. Nothing is set up (and nothing costs) unless an exporter is 
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
@@ -49,6 +50,12 @@ class Tracing:
             from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
             FastAPIInstrumentor.instrument_app(app, tracer_provider=self.provider, excluded_urls="healthz,readyz,metrics")
+
+    def span(self, name: str, attributes: dict[str, Any]) -> AbstractContextManager[Any]:
+        """A current span when tracing, else a no-op context (nothing created on the hot path)."""
+        if not self.enabled:
+            return nullcontext()
+        return self.tracer.start_as_current_span(name, attributes=attributes)
 
     def traceparent(self) -> str | None:
         """The current span as a W3C traceparent, for the worker (None when not tracing)."""

@@ -22,11 +22,12 @@ from app.db.repositories.api_keys import ApiKeyRepository
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.kernels import KernelRepository
-from app.runtime.compiler import ModuleCompiler
-from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
+from app.db.models import Function
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
+from app.runtime.compiler import ModuleCompiler
+from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 
@@ -74,7 +75,7 @@ class FunctionCache:
                 wasm = await repo.module_bytes(fn, fn.current_version)
                 assert wasm is not None
                 await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
-            meta = self.meta_for(fn.name, fn.current_version, sha, fn.env or {}, fn.content_type, fn.timeout_ms)
+            meta = self.meta_for(fn, sha)
         self._fns[key] = meta
         return meta
 
@@ -97,14 +98,14 @@ class FunctionCache:
         """Prime the cache at deploy, so the first call after a deploy skips the database."""
         self._fns[(tenant_id, meta.name)] = meta
 
-    def meta_for(self, name: str, version: int, sha256: str, env: dict[str, str], content_type: str, timeout_ms: int | None) -> FunctionMeta:
+    def meta_for(self, fn: Function, sha256: str) -> FunctionMeta:
         return FunctionMeta(
-            name=name,
-            version=version,
+            name=fn.name,
+            version=fn.current_version,
             sha256=sha256,
-            env=dict(env),
-            content_type=content_type,
-            timeout_ms=timeout_ms,
+            env=dict(fn.env or {}),
+            content_type=fn.content_type,
+            timeout_ms=fn.timeout_ms,
             artifact=self.compiler.cache.path_for(sha256),
             expires=time.monotonic() + self.ttl_s,
         )
@@ -191,7 +192,6 @@ class InvocationRecorder:
                 self._pending = keep + self._pending
                 raise
 
-
     async def _insert_each(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             try:
@@ -270,15 +270,13 @@ class InvokeService:
             "exit_code": None,
             "stderr_tail": None,
         }
-        traceparent = None
         try:
-            if self.tracing.enabled:
-                with self.tracing.tracer.start_as_current_span("scheduler.run", attributes={"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
-                    traceparent = header["traceparent"] = self.tracing.traceparent()
-                    reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
-                    self.tracing.emit_worker_spans(traceparent, reply.get("spans") or [])
-            else:
+            with self.tracing.span("scheduler.run", {"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
+                traceparent = self.tracing.traceparent()  # None when not tracing
+                if traceparent:
+                    header["traceparent"] = traceparent
                 reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
+                self.tracing.emit_worker_spans(traceparent, reply.get("spans") or [])
         except Rejected as exc:
             raise ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)}) from None
         except NoCapacity as exc:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from app.bench import ADMIN, server
+from app.bench import server, setup_tenant
 from tests.conftest import wat
 from tests.gpu.runner import Buf, rec_buf, rec_f32, rec_i32, request
 
@@ -40,17 +40,6 @@ def dashboard_exprs() -> list[tuple[str, str, str]]:
     return out
 
 
-def _tenant(client: httpx.Client, name: str, **quota: object) -> dict[str, str]:
-    admin = {"Authorization": f"Bearer {ADMIN}"}
-    t = client.post("/v1/admin/tenants", json={"name": name, "quota": quota}, headers=admin).json()
-    key = client.post(f"/v1/admin/tenants/{t['id']}/api-keys", headers=admin).json()["key"]
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _deploy(client: httpx.Client, key: dict[str, str], name: str, wasm: bytes) -> None:
-    client.put(f"/v1/functions/{name}", content=wasm, headers={**key, "Content-Type": "application/wasm"}).raise_for_status()
-
-
 def test_every_dashboard_query_returns_data(tmp_path: Path, c_guest) -> None:
     assert DASHBOARDS, "no dashboards found"
     with server(TENSORWASM_MAX_WORKERS="3") as base:
@@ -69,11 +58,8 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, c_guest) -> None:
         )
         try:
             with httpx.Client(base_url=base, timeout=60) as client:
-                gpu = _tenant(client, "gpu-tenant", gpu_memory_bytes=1 << 20)
-                limited = _tenant(client, "limited", requests_per_second=1)
-                _deploy(client, gpu, "runner", c_guest("kernel_runner.c"))
-                _deploy(client, gpu, "trap", wat("trap"))
-                _deploy(client, limited, "echo", wat("echo"))
+                gpu = setup_tenant(client, "gpu-tenant", {"runner": c_guest("kernel_runner.c"), "trap": wat("trap")}, gpu_memory_bytes=1 << 20)
+                limited = setup_tenant(client, "limited", {"echo": wat("echo")}, requests_per_second=1)
                 launch = request("scale_f32", [Buf(64)], [rec_buf(0), rec_f32(2), rec_i32(16)], [0], repeat=5)
                 deadline = time.monotonic() + 10
                 i = 0
@@ -82,8 +68,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, c_guest) -> None:
                     client.post("/v1/functions/trap/invoke", headers=gpu)
                     client.post("/v1/functions/echo/invoke", content=b"x", headers=limited)  # mostly 429
                     if i % 40 == 0:  # a fresh tenant now and then: cold starts while being scraped
-                        fresh = _tenant(client, f"cold-{i}")
-                        _deploy(client, fresh, "echo", wat("echo"))
+                        fresh = setup_tenant(client, f"cold-{i}", {"echo": wat("echo")})
                         client.post("/v1/functions/echo/invoke", content=b"y", headers=fresh)
                     i += 1
                     time.sleep(0.02)

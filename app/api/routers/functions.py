@@ -85,10 +85,7 @@ async def deploy_function(
     result = await service.deploy(name, wasm, settings, platform.compiler)
     out = await function_out(service.repo, result.function)
     await session.commit()
-    fn = result.function
-    platform.function_cache.remember(
-        tenant.id, platform.function_cache.meta_for(name, fn.current_version, result.sha256, fn.env or {}, fn.content_type, fn.timeout_ms)
-    )
+    platform.function_cache.remember(tenant.id, platform.function_cache.meta_for(result.function, result.sha256))
     await platform.function_cache.kernels(tenant.id)  # warm too: a first call often follows a deploy
     return JSONResponse(status_code=201 if result.created else 200, content=out.model_dump(mode="json"))
 

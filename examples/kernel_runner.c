@@ -1,4 +1,4 @@
-/* Test/benchmark guest: runs one kernel described on stdin and writes chosen buffers back.
+/* Example, test and benchmark guest: runs one kernel described on stdin and writes chosen buffers back.
  *
  * stdin (little-endian):
  *   u8 kind (0: module_get by name, 1: module_load CUDA source, 2: module_load PTX), u32 len, bytes
