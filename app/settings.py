@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     backend: Literal["auto", "cpu", "cuda"] = "auto"
     # Tenant buffers in CUDA managed memory (default) or plain device memory (faster copies).
     gpu_memory: Literal["managed", "device"] = "managed"
+    # Guest linear memory a CUDA worker may page-lock for direct copies (2 MiB chunks, kept for
+    # the worker's life; 0 = every copy goes through the driver's pageable staging path).
+    pinned_guest_memory_bytes: int = 256 * 1024 * 1024
     max_workers: int = 4
     warm_spares: int = 1
     queue_limit: int = 32

@@ -16,7 +16,8 @@ from app.services.api_keys import KEY_PREFIX, ApiKeyService, hash_key
 from app.services.principal import TenantPrincipal
 
 
-def get_platform(request: Request) -> Platform:
+async def get_platform(request: Request) -> Platform:
+    # async on purpose: FastAPI runs a plain `def` dependency in a thread, a hop on every request
     return request.app.state.platform  # type: ignore[no-any-return]
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import wasmtime
 
 from app.gpu.backend import Backend, BackendError
-from app.gpu.prefault import prefault
 from app.gpu.signatures import (
     IMPORT_MODULE,
     LAST_ERROR_MAX_BYTES,
@@ -345,7 +344,6 @@ class AbiHost:
         addr = self._mem(caller, "buffer_read", dst, length)
         self._range("buffer_read", buf, offset, length)
         if length:
-            prefault(addr, length)
             self.backend.read(buf.mem, offset, addr, length)
         else:
             self.backend.synchronize()

@@ -4,6 +4,7 @@ managed-memory pool, kernels from NVRTC (RawModule), launches on the worker's no
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
+from app.gpu.prefault import prefault
 from app.gpu.signatures import FORMAT_PTX, Code
 from app.settings import REPO_ROOT
 from kernels.std_numpy import STD
@@ -20,7 +22,13 @@ from kernels.std_numpy import STD
 log = logging.getLogger(__name__)
 
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred (managed memory included)
-_SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+_CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+_NP_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+Segments = Callable[[int, int], list[tuple[int, int, bool]]]
+
+
+def _whole(addr: int, length: int) -> list[tuple[int, int, bool]]:
+    return [(addr, length, False)]
 
 
 def cuda_available() -> bool:
@@ -73,6 +81,7 @@ class CudaBackend:
         self._compiled: dict[str, Any] = {}  # source sha256 -> RawModule (this worker's cache)
         self._functions: dict[tuple[int, str], Any] = {}  # (module, name) -> resolved CUfunction
         self._prefetch = True
+        self._segments: Segments = _whole  # guest-memory pieces, pinned where the worker allows
         self.compile_hits = 0
         self.compile_misses = 0
         std_src = (REPO_ROOT / "kernels" / "std.cu").read_text()
@@ -118,11 +127,30 @@ class CudaBackend:
         except Exception as exc:  # a copy fails only once the context is broken
             raise BackendError(Code.DEVICE_ERROR, f"{what}: the device failed: {_short(exc)}") from None
 
+    def attach_guest_memory(self, memory: Any) -> None:
+        """Copy to and from guest memory through page-locked chunks (app/runtime/memory.py)."""
+        memory.set_pinner(self._pin)
+        self._segments = memory.segments
+
+    def _pin(self, addr: int, length: int) -> None:
+        self.rt.hostRegister(addr, length, 0)
+
     def write(self, buf: Any, offset: int, src_addr: int, length: int) -> None:
-        self._memcpy("buffer_write", buf.ptr + offset, src_addr, length)
+        dst = buf.ptr + offset
+        segments = self._segments(src_addr, length)
+        for addr, n, _ in segments:
+            self._memcpy("buffer_write", dst + addr - src_addr, addr, n)
+        if any(pinned for _, _, pinned in segments):
+            # from page-locked memory the copy is truly asynchronous; the guest may reuse its
+            # memory as soon as buffer_write returns, so wait for it (pageable copies are staged)
+            self.synchronize()
 
     def read(self, buf: Any, offset: int, dst_addr: int, length: int) -> None:
-        self._memcpy("buffer_read", dst_addr, buf.ptr + offset, length)
+        src = buf.ptr + offset
+        for addr, n, pinned in self._segments(dst_addr, length):
+            if not pinned:
+                prefault(addr, n)  # the driver's staging copy would otherwise fault page by page
+            self._memcpy("buffer_read", addr, src + addr - dst_addr, n)
         self.synchronize()
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, length: int) -> None:
@@ -167,20 +195,18 @@ class CudaBackend:
             self._functions[key] = fn
         return fn
 
-    def _scalar_or_ptr(self, arg: Any) -> Any:
+    @staticmethod
+    def _param(arg: Any) -> ctypes._SimpleCData:
         if isinstance(arg, tuple):  # (buffer, offset)
-            return np.uint64(arg[0].ptr + arg[1])
-        return arg
+            return ctypes.c_uint64(arg[0].ptr + arg[1])
+        return _NP_CTYPES[arg.dtype](arg.item())
 
     def prepare_std(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> Callable[[], None]:
         if name == "gemm_f32":
             return lambda: self._gemm(args)
         params = STD[name].params
-        kargs = tuple(
-            np.uint64(a[0].ptr + a[1]) if p == "buf" else _SCALARS[p](a) for p, a in zip(params, args)
-        )
-        fn = self._std_fns[name]
-        return lambda: self._launch(fn, grid, block, 0, kargs)
+        values = [ctypes.c_uint64(a[0].ptr + a[1]) if p == "buf" else _CTYPES[p](a) for p, a in zip(params, args)]
+        return self._prepared(self._std_fns[name], grid, block, 0, values)
 
     def _gemm(self, args: list[Any]) -> None:
         cp = self.cp
@@ -196,9 +222,7 @@ class CudaBackend:
         cp.matmul(A, B, out=C)
 
     def prepare(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> Callable[[], None]:
-        kargs = tuple(self._scalar_or_ptr(a) for a in args)
-        fn = self._function(fn)
-        return lambda: self._launch(fn, grid, block, shared, kargs)
+        return self._prepared(self._function(fn), grid, block, shared, [self._param(a) for a in args])
 
     @staticmethod
     def _function(raw_kernel: Any) -> Any:
@@ -208,14 +232,25 @@ class CudaBackend:
         except Exception:
             return raw_kernel
 
-    def _launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, kargs: tuple[Any, ...]) -> None:
-        try:
-            # the CUfunction wrapper under RawKernel: skips RawKernel's per-call device lookup
-            fn(grid, block, kargs, shared_mem=shared, stream=self.stream)
-        except self.cp.cuda.driver.CUDADriverError as exc:
-            if _sticky(str(exc)):
-                raise BackendError(Code.DEVICE_ERROR, f"launch: {_short(exc)}") from None
-            raise BackendError(Code.LAUNCH_FAILED, f"launch: {_short(exc)}") from None
+    def _prepared(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, values: list[ctypes._SimpleCData]) -> Callable[[], None]:
+        """A launch with its kernel-parameter array packed once: each call is one cuLaunchKernel
+        (2.5 us on an H200, against 3.4 us through CuPy's per-call argument packing)."""
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values]) if values else None
+        launch, error = self.cp.cuda.driver.launchKernel, self.cp.cuda.driver.CUDADriverError
+        f, stream, p = fn.ptr, self.stream.ptr, ctypes.addressof(params) if params is not None else 0
+        (gx, gy, gz), (bx, by, bz) = grid, block
+        keep = (fn, values, params)  # the parameter storage lives as long as the prepared launch
+
+        def run() -> None:
+            try:
+                launch(f, gx, gy, gz, bx, by, bz, shared, stream, p, 0)
+            except error as exc:
+                if _sticky(str(exc)):
+                    raise BackendError(Code.DEVICE_ERROR, f"launch: {_short(exc)}") from None
+                raise BackendError(Code.LAUNCH_FAILED, f"launch: {_short(exc)}") from None
+
+        run.keep = keep  # type: ignore[attr-defined]
+        return run
 
     def synchronize(self) -> None:
         try:

@@ -187,37 +187,13 @@ class GuestRunner:
             self.host.begin(req.invocation_id, req.kernels)
             self.host.spans = spans
         try:
-            pre = self._instance_pre(req.sha256)
-            store = wasmtime.Store(self.engine)
-            store.set_limits(memory_size=req.wasm_memory_bytes)
-            wasi = wasmtime.WasiConfig()
-            wasi.argv = [req.function]
-            wasi.env = list(req.env.items())
-            if stdin:  # an empty body needs no stdin at all: reads see EOF
-                wasi.stdin_file = self._stdin_path
-            store.set_wasi(wasi)
-            store.set_epoch_deadline(max(1, -(-req.timeout_ms // self.tick_ms)) + 1)
             try:
-                instance = pre.instantiate(store)
-                _export(store, instance, b"_start")(store)
-            except wasmtime.ExitTrap as exc:
-                if exc.code != 0:
-                    result.status, result.exit_code = "exit", exc.code
-                    result.error = f"guest exited with code {exc.code}"
-                else:
-                    result.exit_code = 0
-            except OutputLimitExceeded as exc:
-                result.status, result.error = "output_limit", str(exc)
-            except wasmtime.Trap as exc:
-                if exc.trap_code == wasmtime.TrapCode.INTERRUPT:
-                    result.status = "timeout"
-                    result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
-                else:
-                    result.status, result.error = "trap", _trap_message(exc)
-            except wasmtime.WasmtimeError as exc:
-                result.status, result.error = "error", _instantiate_error(str(exc), req)
-            if result.exit_code is None and result.status == "ok":
-                result.exit_code = 0
+                pre = self._instance_pre(req.sha256)
+            except (wasmtime.WasmtimeError, OSError) as exc:  # a corrupt or missing artifact fails the call, not the worker
+                result.status = "error"
+                result.error = f"the function's compiled artifact could not be loaded: {_first_line(str(exc))}"
+            else:
+                self._execute(pre, req, stdin, result)
         finally:
             if self.host is not None:
                 result.host = self.host.end()
@@ -232,6 +208,39 @@ class GuestRunner:
             if self.host is not None:
                 self.host.spans = None
         return result
+
+
+    def _execute(self, pre: wasmtime.InstancePre, req: RunRequest, stdin: bytes, result: RunResult) -> None:
+        store = wasmtime.Store(self.engine)
+        store.set_limits(memory_size=req.wasm_memory_bytes)
+        wasi = wasmtime.WasiConfig()
+        wasi.argv = [req.function]
+        wasi.env = list(req.env.items())
+        if stdin:  # an empty body needs no stdin at all: reads see EOF
+            wasi.stdin_file = self._stdin_path
+        store.set_wasi(wasi)
+        store.set_epoch_deadline(max(1, -(-req.timeout_ms // self.tick_ms)) + 1)
+        try:
+            instance = pre.instantiate(store)
+            _export(store, instance, b"_start")(store)
+        except wasmtime.ExitTrap as exc:
+            if exc.code != 0:
+                result.status, result.exit_code = "exit", exc.code
+                result.error = f"guest exited with code {exc.code}"
+            else:
+                result.exit_code = 0
+        except OutputLimitExceeded as exc:
+            result.status, result.error = "output_limit", str(exc)
+        except wasmtime.Trap as exc:
+            if exc.trap_code == wasmtime.TrapCode.INTERRUPT:
+                result.status = "timeout"
+                result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
+            else:
+                result.status, result.error = "trap", _trap_message(exc)
+        except wasmtime.WasmtimeError as exc:
+            result.status, result.error = "error", _instantiate_error(str(exc), req)
+        if result.exit_code is None and result.status == "ok":
+            result.exit_code = 0
 
 
 def _export(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> wasmtime.Func:

@@ -60,6 +60,7 @@ class WorkerHandle:
             "--max-buffers", str(s.max_buffers_per_instance),
             "--max-modules", str(s.max_modules_per_instance),
             "--gpu-memory", s.gpu_memory,
+            "--pin-budget", str(s.pinned_guest_memory_bytes),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=1 << 20,

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-buffers", type=int, default=1024)
     ap.add_argument("--max-modules", type=int, default=64)
     ap.add_argument("--gpu-memory", default="managed", choices=("managed", "device"))
+    ap.add_argument("--pin-budget", type=int, default=0)
     args = ap.parse_args(argv)
 
     # Keep the protocol on private descriptors; anything printed lands on stderr instead.
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.gpu.abi import AbiHost
     from app.runtime.artifacts import ArtifactCache
     from app.runtime.engine import make_engine
+    from app.runtime.memory import GuestMemory
     from app.runtime.runner import GuestRunner, RunRequest
     from app.worker.stats import StatsPage
 
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     backend = _make_backend(args.backend, cache_dir, args.gpu_memory)
     host = AbiHost(backend, args.max_buffers, args.max_modules)
     host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
-    runner = GuestRunner(make_engine(), ArtifactCache(cache_dir), host, args.tick_ms)
+    memory = GuestMemory(args.pin_budget)  # one reused region instead of a fresh mapping per call
+    if hasattr(backend, "attach_guest_memory"):
+        backend.attach_guest_memory(memory)
+    runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms)
     info = backend.info
     write_frame(
         proto_out,
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 bytes(res.stdout) + res.stderr,
             )
+            memory.scrub()  # zero the guest's memory now that the caller has its answer
         elif op == "bind":
             host.bind(int(header["gpu_memory_bytes"]))
             host.set_kernels(header.get("kernels") or {})

@@ -206,3 +206,11 @@ async def test_admin_workers_show_cap(client: httpx.AsyncClient, gpu_tenant: dic
     await run(client, gpu_tenant, "runner", request("scale_f32", [Buf(8)], [rec_buf(0), rec_f32(1), rec_i32(2)], []))
     workers = (await client.get("/v1/admin/workers", headers=ADMIN)).json()
     assert any(w["gpu_bytes_cap"] == CAP and w["gpu_bytes_in_use"] == 0 for w in workers)
+
+
+async def test_large_copies_copy_at_the_call_and_respect_ranges(client: httpx.AsyncClient, c_guest) -> None:
+    _, key = await new_tenant(client, gpu_memory_bytes=64 << 20, wasm_memory_bytes=64 << 20)
+    await deploy(client, key, "big", c_guest("big_copies.c"))
+    for _ in range(2):  # the second call runs in the reused guest memory
+        r = await run(client, key, "big", b"")
+        assert r.status_code == 200 and r.text == "ok", r.text

@@ -180,3 +180,14 @@ async def test_workers_report_gpu_bytes(gpu, c_guest) -> None:
     workers = (await client.get("/v1/admin/workers", headers=ADMIN)).json()
     assert all(w["backend"] == "cuda" for w in workers if w["state"] != "starting")
     assert any(w["gpu_bytes_cap"] == CAP for w in workers)
+
+
+async def test_large_copies_through_pinned_guest_memory(gpu, c_guest) -> None:
+    """9 MiB copies take the page-locked path from the second 2 MiB chunk on; repeated calls
+    reuse the pinned chunks. Every byte is checked inside the guest."""
+    client, _ = gpu
+    _, key = await new_tenant(client, gpu_memory_bytes=CAP, wasm_memory_bytes=64 << 20)
+    await deploy(client, key, "big", c_guest("big_copies.c"))
+    for _ in range(3):
+        r = await run(client, key, b"", "big")
+        assert r.status_code == 200 and r.text == "ok", r.text
