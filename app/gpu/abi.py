@@ -19,6 +19,7 @@ from typing import Any
 import wasmtime
 
 from app.gpu.backend import Backend, BackendError
+from app.runtime.memory import GuestMemory
 from app.gpu.signatures import (
     IMPORT_MODULE,
     LAST_ERROR_MAX_BYTES,
@@ -79,7 +80,7 @@ class _Instance:
         self.launches = 0
         self.device_error: str | None = None
         self.memory: wasmtime.Memory | None = None  # the guest's exported memory, looked up once
-        self.mem_view = (-1, 0)  # (size, base address): the base only moves when the size changes
+        self.region: Any = None  # that memory's GuestMemory region, when the worker provides it
         # prepared launches: (fn, dims, raw args) -> (buffers to revalidate, thunk)
         self.launch_cache: dict[tuple[Any, ...], tuple[tuple[tuple[int, Any], ...], Callable[[], None]]] = {}
 
@@ -96,8 +97,10 @@ class AbiHost:
         backend: Backend,
         max_buffers: int = 1024,
         max_modules: int = 64,
+        guest_memory: GuestMemory | None = None,
     ) -> None:
         self.backend = backend
+        self.guest_memory = guest_memory
         self.max_buffers = max_buffers
         self.max_modules = max_modules
         self.cap = 0
@@ -181,37 +184,32 @@ class AbiHost:
                 raise wasmtime.WasmtimeError._from_ptr(err)
 
     def _wrap(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
-        call = self._guarded(name, impl)
+        """One layer around every ABI function: the instance, the poisoned-context guard, error
+        mapping (a host failure never traps the guest) and, while traced, the span timing."""
+        always = name in ("last_error", "device_count", "device_info")
 
-        def host(caller: wasmtime.Caller, *args: int) -> int:
-            rec = self.spans
-            if rec is None:
-                return call(caller, *args)
-            t0 = time.time_ns()
-            rc = call(caller, *args)
-            rec.abi_call(name, t0, time.time_ns(), rc < 0)
-            return rc
-
-        return host
-
-    def _guarded(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
-        def host(caller: wasmtime.Caller, *args: int) -> int:
+        def host(caller: int, *args: int) -> int:
             inst = self.inst
             if inst is None:
                 return int(Code.INTERNAL)
+            rec = self.spans
+            t0 = time.time_ns() if rec is not None else 0
             try:
-                if self.poisoned is not None and name not in ("last_error", "device_count", "device_info"):
+                if self.poisoned is not None and not always:
                     raise AbiFailure(Code.DEVICE_ERROR, f"{name}: {self.poisoned}; this instance should stop")
-                return int(impl(caller, inst, *args))
+                rc = int(impl(caller, inst, *args))
             except AbiFailure as exc:
-                return self._fail(inst, exc.code, exc.message)
+                rc = self._fail(inst, exc.code, exc.message)
             except BackendError as exc:
                 if exc.code == Code.DEVICE_ERROR:
                     self.poisoned = exc.message
-                return self._fail(inst, exc.code, exc.message)
-            except Exception as exc:  # never trap the guest for a host bug
+                rc = self._fail(inst, exc.code, exc.message)
+            except Exception as exc:
                 log.exception("tensorwasm.%s failed", name)
-                return self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
+                rc = self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
+            if rec is not None:
+                rec.abi_call(name, t0, time.time_ns(), rc < 0)
+            return rc
 
         return host
 
@@ -222,37 +220,48 @@ class AbiHost:
         return int(code)
 
     # -- guest memory -------------------------------------------------------------------------
-    def _mem(self, caller: wasmtime.Caller, fn: str, ptr: int, length: int) -> int:
+    def _mem(self, caller: int, fn: str, ptr: int, length: int) -> int:
         """Host address of guest range [ptr, ptr+length), bounds-checked."""
         if length < 0:
             raise AbiFailure(Code.INVALID_ARGUMENT, f"{fn}: length {length} is negative")
         inst = self.inst
-        mem = inst.memory if inst is not None else None
-        if mem is None:
-            mem = caller["memory"]
-            if not isinstance(mem, wasmtime.Memory):
-                raise AbiFailure(Code.INVALID_POINTER, f"{fn}: the module exports no memory")
-            if inst is not None:
-                inst.memory = mem
+        region = inst.region if inst is not None else None
+        if region is not None:  # the worker's own memory: base and live size without an FFI call
+            base, size = region.base, region.size
+        else:
+            base, size = self._memory_view(caller, fn, inst)
         ptr &= 0xFFFFFFFF  # wasm32 pointers are unsigned
-        size = mem.data_len(caller)
         if ptr + length > size:
             raise AbiFailure(
                 Code.INVALID_POINTER,
                 f"{fn}: range [{ptr}, {ptr + length}) is outside linear memory ({size} bytes)",
             )
-        if inst is not None:
-            cached_size, base = inst.mem_view
-            if cached_size != size:
-                base = ctypes.addressof(mem.data_ptr(caller).contents)
-                inst.mem_view = (size, base)
-            return base + ptr
-        return ctypes.addressof(mem.data_ptr(caller).contents) + ptr
+        return base + ptr
 
-    def _read_guest(self, caller: wasmtime.Caller, fn: str, ptr: int, length: int) -> bytes:
+    def _memory_view(self, caller_ptr: int, fn: str, inst: _Instance | None) -> tuple[int, int]:
+        """(base, size) of the guest's exported memory through wasmtime; when that memory is one
+        of the worker's reused regions, later calls of this instance read the region instead."""
+        caller = wasmtime.Caller(caller_ptr)
+        try:
+            mem = inst.memory if inst is not None else None
+            if mem is None:
+                mem = caller["memory"]
+                if not isinstance(mem, wasmtime.Memory):
+                    raise AbiFailure(Code.INVALID_POINTER, f"{fn}: the module exports no memory")
+                if inst is not None:
+                    inst.memory = mem
+            size = mem.data_len(caller)
+            base = ctypes.addressof(mem.data_ptr(caller).contents)
+        finally:
+            caller._invalidate()  # valid only during this host call
+        if inst is not None and self.guest_memory is not None:
+            inst.region = self.guest_memory.live_region(base)
+        return base, size
+
+    def _read_guest(self, caller: int, fn: str, ptr: int, length: int) -> bytes:
         return ctypes.string_at(self._mem(caller, fn, ptr, length), length)
 
-    def _write_out(self, caller: wasmtime.Caller, fn: str, dst: int, dst_len: int, data: bytes) -> int:
+    def _write_out(self, caller: int, fn: str, dst: int, dst_len: int, data: bytes) -> int:
         if dst_len < 0:
             raise AbiFailure(Code.INVALID_ARGUMENT, f"{fn}: dst_len {dst_len} is negative")
         n = min(dst_len, len(data))
@@ -281,10 +290,10 @@ class AbiHost:
             )
 
     # -- 2.1 device and errors ----------------------------------------------------------------
-    def _device_count(self, caller: wasmtime.Caller, inst: _Instance) -> int:
+    def _device_count(self, caller: int, inst: _Instance) -> int:
         return 1 if self.backend.info.backend == "cuda" and self.cap > 0 else 0
 
-    def _device_info(self, caller: wasmtime.Caller, inst: _Instance, dst: int, dst_len: int) -> int:
+    def _device_info(self, caller: int, inst: _Instance, dst: int, dst_len: int) -> int:
         info = self.backend.info
         doc = {
             "backend": info.backend,
@@ -295,13 +304,13 @@ class AbiHost:
         }
         return self._write_out(caller, "device_info", dst, dst_len, json.dumps(doc, separators=(",", ":")).encode())
 
-    def _last_error(self, caller: wasmtime.Caller, inst: _Instance, dst: int, dst_len: int) -> int:
+    def _last_error(self, caller: int, inst: _Instance, dst: int, dst_len: int) -> int:
         if not inst.last_error:
             return 0
         return self._write_out(caller, "last_error", dst, dst_len, inst.last_error)
 
     # -- 2.2 buffers --------------------------------------------------------------------------
-    def _buffer_alloc(self, caller: wasmtime.Caller, inst: _Instance, size: int) -> int:
+    def _buffer_alloc(self, caller: int, inst: _Instance, size: int) -> int:
         self._gpu_allowed("buffer_alloc")
         if size <= 0:
             raise AbiFailure(Code.INVALID_ARGUMENT, f"buffer_alloc: size must be positive, got {size}")
@@ -319,7 +328,7 @@ class AbiHost:
         self._report()
         return inst.add(_Buffer(mem, size))
 
-    def _buffer_free(self, caller: wasmtime.Caller, inst: _Instance, handle: int) -> int:
+    def _buffer_free(self, caller: int, inst: _Instance, handle: int) -> int:
         buf = self._get(inst, "buffer_free", handle, _Buffer, "buffer")
         del inst.handles[handle]
         self.backend.free(buf.mem)
@@ -328,10 +337,10 @@ class AbiHost:
         self._report()
         return 0
 
-    def _buffer_size(self, caller: wasmtime.Caller, inst: _Instance, handle: int) -> int:
+    def _buffer_size(self, caller: int, inst: _Instance, handle: int) -> int:
         return self._get(inst, "buffer_size", handle, _Buffer, "buffer").size  # type: ignore[no-any-return]
 
-    def _buffer_write(self, caller: wasmtime.Caller, inst: _Instance, handle: int, offset: int, src: int, length: int) -> int:
+    def _buffer_write(self, caller: int, inst: _Instance, handle: int, offset: int, src: int, length: int) -> int:
         buf = self._get(inst, "buffer_write", handle, _Buffer, "buffer")
         addr = self._mem(caller, "buffer_write", src, length)
         self._range("buffer_write", buf, offset, length)
@@ -339,7 +348,7 @@ class AbiHost:
             self.backend.write(buf.mem, offset, addr, length)
         return 0
 
-    def _buffer_read(self, caller: wasmtime.Caller, inst: _Instance, handle: int, offset: int, dst: int, length: int) -> int:
+    def _buffer_read(self, caller: int, inst: _Instance, handle: int, offset: int, dst: int, length: int) -> int:
         buf = self._get(inst, "buffer_read", handle, _Buffer, "buffer")
         addr = self._mem(caller, "buffer_read", dst, length)
         self._range("buffer_read", buf, offset, length)
@@ -349,7 +358,7 @@ class AbiHost:
             self.backend.synchronize()
         return 0
 
-    def _buffer_copy(self, caller: wasmtime.Caller, inst: _Instance, dst: int, dst_offset: int, src: int, src_offset: int, length: int) -> int:
+    def _buffer_copy(self, caller: int, inst: _Instance, dst: int, dst_offset: int, src: int, src_offset: int, length: int) -> int:
         d = self._get(inst, "buffer_copy", dst, _Buffer, "buffer")
         s = self._get(inst, "buffer_copy", src, _Buffer, "buffer")
         self._range("buffer_copy", d, dst_offset, length, "destination buffer")
@@ -365,7 +374,7 @@ class AbiHost:
         inst.modules += 1
         return inst.add(ref)
 
-    def _module_load(self, caller: wasmtime.Caller, inst: _Instance, src: int, src_len: int, fmt: int) -> int:
+    def _module_load(self, caller: int, inst: _Instance, src: int, src_len: int, fmt: int) -> int:
         self._gpu_allowed("module_load")
         if fmt not in (0, 1):
             raise AbiFailure(Code.INVALID_ARGUMENT, f"module_load: unknown format {fmt} (0 = CUDA C++, 1 = PTX)")
@@ -375,7 +384,7 @@ class AbiHost:
         obj = self.backend.load_module(source, fmt)
         return self._add_module(inst, _ModuleRef(std=False, name="<loaded>", obj=obj))
 
-    def _module_get(self, caller: wasmtime.Caller, inst: _Instance, name_ptr: int, name_len: int) -> int:
+    def _module_get(self, caller: int, inst: _Instance, name_ptr: int, name_len: int) -> int:
         name = self._read_guest(caller, "module_get", name_ptr, name_len).decode("utf-8", "replace")
         if name == "std":
             self._gpu_allowed("module_get")
@@ -387,7 +396,7 @@ class AbiHost:
         obj = self.backend.load_module(source.encode(), 0)
         return self._add_module(inst, _ModuleRef(std=False, name=name, obj=obj))
 
-    def _function_get(self, caller: wasmtime.Caller, inst: _Instance, module: int, name_ptr: int, name_len: int) -> int:
+    def _function_get(self, caller: int, inst: _Instance, module: int, name_ptr: int, name_len: int) -> int:
         mod = self._get(inst, "function_get", module, _ModuleRef, "module")
         name = self._read_guest(caller, "function_get", name_ptr, name_len).decode("utf-8", "replace")
         if mod.std:
@@ -439,7 +448,7 @@ class AbiHost:
         if shared < 0 or shared > lim.max_shared_bytes:
             raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: shared_bytes must be 0..{lim.max_shared_bytes}, got {shared}")
 
-    def _launch(self, caller: wasmtime.Caller, inst: _Instance, fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, args: int, args_len: int) -> int:
+    def _launch(self, caller: int, inst: _Instance, fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, args: int, args_len: int) -> int:
         ref = self._get(inst, "launch", fn, _FunctionRef, "kernel function")
         if not 0 <= args_len <= MAX_ARG_BYTES:
             raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: argument records must be 0..{MAX_ARG_BYTES} bytes, got {args_len}")
@@ -493,7 +502,7 @@ class AbiHost:
         args = [self.backend.view(v[0].mem, v[1]) if p == "buf" else v for p, v in zip(spec.params, values)]
         return self.backend.prepare_std(name, grid, block, args)
 
-    def _synchronize(self, caller: wasmtime.Caller, inst: _Instance) -> int:
+    def _synchronize(self, caller: int, inst: _Instance) -> int:
         self.backend.synchronize()
         return 0
 
@@ -518,14 +527,12 @@ def _raw_callback(impl: Callable[..., int], params: tuple[str, ...], result: str
     call = eval(f"lambda impl, caller, v: impl(caller{', ' if read else ''}{read})")  # noqa: S307 - fixed text
 
     def callback(_env: Any, caller_ptr: Any, v: Any, _nvals: int) -> int:
-        caller = wasmtime.Caller(caller_ptr)
+        # the raw caller pointer travels down; a wasmtime.Caller is built only where needed
         try:
-            setattr(v[0], result, call(impl, caller, v))
+            setattr(v[0], result, call(impl, caller_ptr, v))
         except BaseException:  # impl never raises; a failure here must not unwind into wasm
             log.exception("tensorwasm host call failed")
             setattr(v[0], result, int(Code.INTERNAL))
-        finally:
-            caller._invalidate()
         return 0  # no trap
 
     return callback

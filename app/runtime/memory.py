@@ -144,6 +144,12 @@ class GuestMemory:
             if self._live is region:
                 self._live = None
 
+    def live_region(self, base: int) -> _Region | None:
+        """The in-use region starting at `base`: its `base` never moves and its `size` follows
+        memory.grow, so a host function can bounds-check without asking wasmtime."""
+        region = self._regions.get(base)
+        return region if region is not None and region.live else None
+
     # -- regions ------------------------------------------------------------------------------
     def _take(self, reserve: int, guard: int) -> _Region:
         for region in self._regions.values():

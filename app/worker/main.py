@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = Path(args.cache_dir)
     stats = StatsPage(Path(args.stats), create=False)
     backend = _make_backend(args.backend, cache_dir, args.gpu_memory)
-    host = AbiHost(backend, args.max_buffers, args.max_modules)
-    host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
     memory = GuestMemory(args.pin_budget)  # one reused region instead of a fresh mapping per call
     if hasattr(backend, "attach_guest_memory"):
         backend.attach_guest_memory(memory)
+    host = AbiHost(backend, args.max_buffers, args.max_modules, memory)
+    host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
     runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms)
     info = backend.info
     write_frame(

@@ -81,12 +81,17 @@ def test_out_of_bounds_still_traps_after_an_earlier_call_grew_the_memory(memory:
         g.poke(g.store, 8 * PAGE, 1)
 
 
-def test_growth_respects_the_store_limit(memory: GuestMemory) -> None:
+def test_growth_respects_the_store_limit_and_the_live_region_follows_it(memory: GuestMemory) -> None:
     engine, module = setup(memory)
     g = Guest(engine, module, limit=4 * PAGE)
+    region = memory.live_region(g.base())
+    assert region is not None and region.size == PAGE
     assert g.grow(g.store, 3) == 1
     assert g.grow(g.store, 1) == -1
-    assert g.size() == 4 * PAGE
+    assert g.size() == region.size == 4 * PAGE
+    base = g.base()
+    del g
+    assert memory.live_region(base) is None  # released with its store
 
 
 def test_segments_pin_whole_chunks_inside_the_live_memory_within_budget() -> None:
