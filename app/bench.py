@@ -140,8 +140,11 @@ async def _invoke_bench(base: str, requests: int, conc: int) -> dict[str, float]
         await _quiesce(client)
         await _latencies(client, "POST", "/v1/functions/f/invoke", 200, **inv)  # warm up
         await _latencies(client, "GET", "/healthz", 200)
-        bare = await _latencies(client, "GET", "/healthz", requests)
-        warm = await _latencies(client, "POST", "/v1/functions/f/invoke", requests, **inv)
+        # alternate the two, so machine drift during the run lands on both sides equally
+        bare, warm = [], []
+        for _ in range(requests):
+            bare += await _latencies(client, "GET", "/healthz", 1)
+            warm += await _latencies(client, "POST", "/v1/functions/f/invoke", 1, **inv)
         await _throughput(client, "POST", "/v1/functions/f/invoke", conc * 10, conc, **inv)
         bare_tp = await _throughput(client, "GET", "/healthz", requests * 2, conc)
         inv_tp = await _throughput(client, "POST", "/v1/functions/f/invoke", requests * 2, conc, **inv)

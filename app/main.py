@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api.errors import install_error_handlers
-from app.api.routers import admin, functions, health, invocations, kernels, usage
+from app.api.routers import admin, functions, health, invocations, invoke, kernels, usage
 from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
@@ -83,7 +83,8 @@ def create_app(settings: Settings | None = None, span_exporter: SpanExporter | N
     app.state.metrics = Metrics()
     app.state.tracing = Tracing(settings, span_exporter)
     install_error_handlers(app)
-    for r in (health.router, admin.router, functions.router, invocations.router, kernels.router, usage.router):
+    # the invoke route right after the health routes: routes are matched in order
+    for r in (health.router, invoke.router, admin.router, functions.router, invocations.router, kernels.router, usage.router):
         app.include_router(r)
     app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
     app.state.tracing.instrument(app)

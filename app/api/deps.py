@@ -75,6 +75,11 @@ async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
 
 
 async def require_tenant(request: Request, platform: PlatformDep) -> TenantPrincipal:
+    return await authenticate_tenant(request, platform)
+
+
+async def authenticate_tenant(request: Request, platform: Platform) -> TenantPrincipal:
+    """The calling tenant, or 401/403 (also called directly by the invoke route)."""
     token = _bearer(request)
     principal = await _tenant_for(platform, token)
     if principal is not None:

@@ -134,16 +134,24 @@ class InvocationRecorder:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.dropped = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
+        # Let a flush in progress finish rather than cancel it mid-transaction: a cancelled write
+        # can keep its SQLite connection's lock while the final flush below needs it.
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=10)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
         await self.flush()
 
     def touch_key(self, key_id: str, when: datetime) -> None:
@@ -156,7 +164,7 @@ class InvocationRecorder:
             self._wake.set()
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval_s)
             self._wake.clear()

@@ -19,3 +19,34 @@ async def test_a_record_of_a_deleted_tenant_does_not_block_the_batch(client, pla
 
     async with platform.sessionmaker() as s:
         assert (await InvocationRepository(s, tid).get("a" * 32)) is not None
+
+
+async def test_stop_lets_a_flush_in_progress_finish_and_loses_no_record(client, platform, monkeypatch) -> None:
+    import asyncio
+
+    from app.db.repositories.invocations import InvocationRepository
+
+    tid, _ = await new_tenant(client)
+    entered = asyncio.Event()
+    slow_insert = InvocationRepository.insert_many
+
+    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+        entered.set()
+        await asyncio.sleep(0.2)  # stop() arrives while this write is in flight
+        return await slow_insert(self, rows)
+
+    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    rec = InvocationRecorder(platform.sessionmaker, 0.01, 1000)
+    rec.start()
+    now = datetime.now(timezone.utc)
+    base = {"function": "f", "version": 1, "status": "succeeded", "started_at": now, "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None}
+    ids = [f"{i:032x}" for i in range(5)]
+    for i in ids[:3]:
+        rec.record({**base, "id": i, "tenant_id": tid})
+    await asyncio.wait_for(entered.wait(), 5)
+    for i in ids[3:]:  # arrive during the flush: the final flush writes them
+        rec.record({**base, "id": i, "tenant_id": tid})
+    await rec.stop()
+    async with platform.sessionmaker() as s:
+        repo = InvocationRepository(s, tid)
+        assert [await repo.get(i) is not None for i in ids] == [True] * 5

@@ -13,7 +13,6 @@ from app.api.schemas import NAME_PATTERN, FunctionOut, FunctionVersionOut
 from app.db.models import Function
 from app.db.repositories.functions import FunctionRepository
 from app.services.functions import FunctionService, FunctionSettings
-from app.services.invocations import InvokeService
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
@@ -108,31 +107,3 @@ async def delete_function(name: NameParam, tenant: TenantDep, session: SessionDe
     await session.commit()
     platform.function_cache.drop(tenant.id, name)
     return Response(status_code=204)
-
-
-@router.post(
-    "/{name}/invoke",
-    operation_id="invoke_function",
-    response_class=Response,
-    responses={
-        200: {"description": "the guest's stdout", "content": {"application/octet-stream": {}}},
-        429: {"description": "concurrency or rate limit; see Retry-After"},
-        500: {"description": "guest_error, output_limit_exceeded, device_error or worker_crashed"},
-        504: {"description": "the invocation exceeded its time limit"},
-    },
-    openapi_extra={
-        "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
-    },
-)
-async def invoke_function(name: NameParam, request: Request, tenant: TenantDep, platform: PlatformDep) -> Response:
-    body = await read_limited(request, platform.settings.max_request_bytes)
-    service = InvokeService(
-        platform.settings, platform.function_cache, platform.scheduler, platform.recorder, platform.metrics, platform.tracing
-    )
-    outcome = await service.invoke(
-        tenant, name, body, request.url.query, request.headers.get("content-type", "")
-    )
-    headers = {"X-Invocation-Id": outcome.invocation_id, **(outcome.headers or {})}
-    if outcome.error is not None:
-        return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
-    return Response(content=outcome.body, status_code=200, media_type=outcome.content_type, headers=headers)
