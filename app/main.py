@@ -18,6 +18,7 @@ from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
+from app.services.cache_refresh import CacheRefresher
 from app.services.invocations import FunctionCache, InvocationRecorder
 from app.observability.metrics import Metrics
 from app.observability.middleware import ObservabilityMiddleware
@@ -60,11 +61,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tracing=app.state.tracing,
     )
     app.state.platform = platform
+    refresher = CacheRefresher(sessionmaker, platform.auth_cache, platform.function_cache, settings.cache_ttl_s, settings.cache_keep_s)
     recorder.start()
+    refresher.start()
     await scheduler.start(wait=True)
     try:
         yield
     finally:
+        await refresher.stop()
         await recorder.stop()
         await scheduler.stop()
         await engine.dispose()

@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     epoch_tick_ms: int = 5
     # Auth and function metadata are cached per node; other nodes see revocations after this.
     cache_ttl_s: float = 2.0
+    # Entries used within this many seconds are re-read in the background before they expire.
+    cache_keep_s: float = 300.0
     # Bytes of device memory one CUDA context costs before any buffer (measured: ~529 MiB).
     context_overhead_bytes: int = 600 * 1024 * 1024
     # Device memory the scheduler may hand out; 0 = the device total as reported at start.

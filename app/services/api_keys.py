@@ -68,12 +68,15 @@ class _Entry:
     principal: TenantPrincipal
     key_id: str
     expires: float
+    last_used: float
 
 
 class AuthCache:
     """Per-node cache of key -> tenant so the invoke path does not hit the database.
 
     Admin changes on this node invalidate it at once; other nodes converge within the TTL.
+    Keys used recently are re-read in the background before they expire (`refresh`), so a
+    tenant calling now and then does not pay the lookup on the call.
     """
 
     def __init__(self, ttl_s: float) -> None:
@@ -82,14 +85,36 @@ class AuthCache:
 
     def get(self, digest: str) -> TenantPrincipal | None:
         entry = self._entries.get(digest)
-        if entry is None or entry.expires < time.monotonic():
+        if entry is None:
             return None
+        now = time.monotonic()
+        if entry.expires < now:
+            return None
+        entry.last_used = now
         return entry.principal
 
     def put(self, digest: str, key_id: str, principal: TenantPrincipal) -> None:
         if len(self._entries) > 10_000:
             self._entries.clear()
-        self._entries[digest] = _Entry(principal, key_id, time.monotonic() + self.ttl_s)
+        now = time.monotonic()
+        self._entries[digest] = _Entry(principal, key_id, now + self.ttl_s, now)
 
     def clear(self) -> None:
         self._entries.clear()
+
+    async def refresh(self, session: AsyncSession, keep_s: float) -> None:
+        """Re-read every key used within `keep_s` in one query; forget the rest, and any key
+        revoked or whose tenant was disabled or deleted meanwhile."""
+        now = time.monotonic()
+        kept = {d: e for d, e in self._entries.items() if now - e.last_used <= keep_s}
+        tenants = await ApiKeyRepository(session).active_tenants([e.key_id for e in kept.values()])
+        expires = time.monotonic() + self.ttl_s
+        for digest, entry in kept.items():
+            tenant = tenants.get(entry.key_id)
+            if tenant is None:
+                self._entries.pop(digest, None)
+            elif self._entries.get(digest) is entry:  # not replaced while we read
+                entry.principal, entry.expires = TenantPrincipal.of(tenant), expires
+        for digest in [d for d in self._entries if d not in kept]:
+            if now - self._entries[digest].last_used > keep_s:
+                del self._entries[digest]

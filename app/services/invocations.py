@@ -47,7 +47,13 @@ class FunctionMeta:
 
 
 class FunctionCache:
-    """(tenant, function) -> what a worker needs to run it; deploys on this node invalidate."""
+    """(tenant, function) -> what a worker needs to run it; deploys on this node invalidate.
+
+    Entries used recently are re-read in the background before they expire (`refresh`), so only
+    a tenant's first call, or its first after minutes of silence, reads the database. A local
+    change (deploy, delete, kernel upload) bumps the entry's generation, and a refresh that read
+    the database before that change does not overwrite it.
+    """
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float) -> None:
         self.sessionmaker = sessionmaker
@@ -56,47 +62,108 @@ class FunctionCache:
         self._fns: dict[tuple[str, str], FunctionMeta] = {}
         self._kernels: dict[str, tuple[float, KernelSet]] = {}
         self._kernel_versions: dict[str, int] = {}
+        self._used: dict[tuple[str, str], float] = {}
+        self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
+
+    async def lookup(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
+        """The function and the tenant's kernels; on a miss of both, read them concurrently."""
+        key = (tenant_id, name)
+        now = time.monotonic()
+        self._used[key] = now
+        meta = self._fns.get(key)
+        hit = self._kernels.get(tenant_id)
+        if meta is not None and meta.expires > now and hit is not None and hit[0] > now:
+            return meta, hit[1]
+        if (meta is None or meta.expires <= now) and (hit is None or hit[0] <= now):
+            meta, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
+            return meta, kernels
+        return await self.function(tenant_id, name), await self.kernels(tenant_id)
 
     async def function(self, tenant_id: str, name: str) -> FunctionMeta:
         key = (tenant_id, name)
         meta = self._fns.get(key)
         if meta is not None and meta.expires > time.monotonic():
             return meta
+        gen = self._gen.get(key, 0)
         async with self.sessionmaker() as session:
-            repo = FunctionRepository(session, tenant_id)
-            fn = await repo.get(name)
-            if fn is None:
-                raise not_found(f"function {name!r}")
-            ver = await repo.version_meta(fn, fn.current_version)
-            if ver is None:
-                raise not_found(f"function {name!r}")
-            sha = ver[0]
-            if not self.compiler.cache.has(sha):  # deployed through another node
-                wasm = await repo.module_bytes(fn, fn.current_version)
-                assert wasm is not None
-                await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
-            meta = self.meta_for(fn, sha)
-        self._fns[key] = meta
+            meta = await self._load_function(session, tenant_id, name)
+        if meta is None:
+            raise not_found(f"function {name!r}")
+        if self._gen.get(key, 0) == gen:
+            self._fns[key] = meta
         return meta
+
+    async def _load_function(self, session: AsyncSession, tenant_id: str, name: str) -> FunctionMeta | None:
+        repo = FunctionRepository(session, tenant_id)
+        fn = await repo.get(name)
+        if fn is None:
+            return None
+        ver = await repo.version_meta(fn, fn.current_version)
+        if ver is None:
+            return None
+        sha = ver[0]
+        if not self.compiler.cache.has(sha):  # deployed through another node
+            wasm = await repo.module_bytes(fn, fn.current_version)
+            assert wasm is not None
+            await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
+        return self.meta_for(fn, sha)
 
     async def kernels(self, tenant_id: str) -> KernelSet:
         hit = self._kernels.get(tenant_id)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
+        gen = self._gen.get(tenant_id, 0)
         async with self.sessionmaker() as session:
             sources = await KernelRepository(session, tenant_id).sources()
+        return self._store_kernels(tenant_id, sources, gen)
+
+    def _store_kernels(self, tenant_id: str, sources: dict[str, str], gen: int) -> KernelSet:
+        hit = self._kernels.get(tenant_id)
         old = hit[1] if hit else None
-        version = self._kernel_versions.get(tenant_id, 0)
-        if old is None or old.sources != sources:
-            version += 1
+        if old is not None and old.sources == sources:
+            ks = old  # unchanged: keep the version, so workers are not sent the sources again
+        else:
+            version = self._kernel_versions.get(tenant_id, 0) + 1
             self._kernel_versions[tenant_id] = version
-        ks = KernelSet(version, sources)
-        self._kernels[tenant_id] = (time.monotonic() + self.ttl_s, ks)
+            ks = KernelSet(version, sources)
+        if self._gen.get(tenant_id, 0) == gen:
+            self._kernels[tenant_id] = (time.monotonic() + self.ttl_s, ks)
         return ks
+
+    async def refresh(self, keep_s: float) -> None:
+        """Re-read every function used within `keep_s` and its tenant's kernels; forget the rest."""
+        now = time.monotonic()
+        self._used = {k: t for k, t in self._used.items() if now - t <= keep_s}
+        for key in [k for k in self._fns if k not in self._used]:
+            del self._fns[key]
+        tenants = {t for t, _ in self._used}
+        for tenant_id in [t for t in self._kernels if t not in tenants]:
+            del self._kernels[tenant_id]
+        if not self._used:
+            return
+        async with self.sessionmaker() as session:
+            for key in list(self._used):
+                gen = self._gen.get(key, 0)
+                meta = await self._load_function(session, *key)
+                if self._gen.get(key, 0) != gen:
+                    continue  # changed on this node while we read: the local entry is newer
+                if meta is None:
+                    self._fns.pop(key, None)
+                else:
+                    self._fns[key] = meta
+            for tenant_id in tenants:
+                gen = self._gen.get(tenant_id, 0)
+                self._store_kernels(tenant_id, await KernelRepository(session, tenant_id).sources(), gen)
+
+    def _bump(self, key: object) -> None:
+        self._gen[key] = self._gen.get(key, 0) + 1
 
     def remember(self, tenant_id: str, meta: FunctionMeta) -> None:
         """Prime the cache at deploy, so the first call after a deploy skips the database."""
-        self._fns[(tenant_id, meta.name)] = meta
+        key = (tenant_id, meta.name)
+        self._bump(key)
+        self._fns[key] = meta
+        self._used[key] = time.monotonic()
 
     def meta_for(self, fn: Function, sha256: str) -> FunctionMeta:
         return FunctionMeta(
@@ -111,15 +178,17 @@ class FunctionCache:
         )
 
     def drop(self, tenant_id: str, name: str) -> None:
+        self._bump((tenant_id, name))
         self._fns.pop((tenant_id, name), None)
 
     def drop_kernels(self, tenant_id: str) -> None:
+        self._bump(tenant_id)
         self._kernels.pop(tenant_id, None)
 
     def drop_tenant(self, tenant_id: str) -> None:
         for key in [k for k in self._fns if k[0] == tenant_id]:
-            del self._fns[key]
-        self._kernels.pop(tenant_id, None)
+            self.drop(*key)
+        self.drop_kernels(tenant_id)
 
 
 class InvocationRecorder:
@@ -242,8 +311,7 @@ class InvokeService:
         self.tracing = tracing
 
     async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
-        meta = await self.functions.function(tenant.id, name)
-        kernels = await self.functions.kernels(tenant.id)
+        meta, kernels = await self.functions.lookup(tenant.id, name)
         invocation_id = uuid.uuid4().hex
         ctx.invocation_id.set(invocation_id)
         timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)

@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     host = AbiHost(backend, args.max_buffers, args.max_modules, memory)
     host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
     runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms)
+    runner.warm_up()
+    memory.scrub()
     info = backend.info
     write_frame(
         proto_out,
@@ -96,9 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                 traceparent=header.get("traceparent"),
             )
             res = runner.run(req, body)
-            invocations += 1
-            stats.set("invocations", invocations)
-            stats.set("launches", host.launches_total)
             write_frame(
                 proto_out,
                 {
@@ -113,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 bytes(res.stdout) + res.stderr,
             )
-            memory.scrub()  # zero the guest's memory now that the caller has its answer
+            # after the reply, off the caller's path: scrub the guest's memory, publish counters
+            memory.scrub()
+            invocations += 1
+            stats.set("invocations", invocations)
+            stats.set("launches", host.launches_total)
         elif op == "bind":
             host.bind(int(header["gpu_memory_bytes"]))
             host.set_kernels(header.get("kernels") or {})

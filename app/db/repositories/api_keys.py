@@ -35,5 +35,16 @@ class ApiKeyRepository:
         )
         return [(k, t) for k, t in (await self.session.execute(q)).all()]
 
+    async def active_tenants(self, key_ids: Sequence[str]) -> dict[str, Tenant]:
+        """key id -> its tenant, for the keys that are still unrevoked and whose tenant is enabled."""
+        if not key_ids:
+            return {}
+        q = (
+            select(ApiKey.id, Tenant)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.id.in_(list(key_ids)), ApiKey.revoked_at.is_(None), Tenant.disabled.is_(False))
+        )
+        return {key_id: tenant for key_id, tenant in (await self.session.execute(q)).all()}
+
     async def touch(self, key_id: str, when: datetime) -> None:
         await self.session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when))

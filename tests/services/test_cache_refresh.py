@@ -1,0 +1,113 @@
+"""Refresh-ahead of the per-node caches: fresh for active callers, changes from elsewhere seen,
+local changes never overwritten by an older read. Each test builds its own cache, which plays
+another node's: the API's changes do not reach it except through the database."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.api.errors import ApiError
+from app.services.api_keys import ApiKeyService, AuthCache, hash_key
+from app.services.cache_refresh import CacheRefresher
+from app.services.invocations import FunctionCache
+from tests.conftest import ADMIN, deploy, new_tenant, wat
+
+
+async def _key_entry(platform, headers: dict[str, str], cache: AuthCache) -> str:
+    token = headers["Authorization"].split()[1]
+    async with platform.sessionmaker() as s:
+        found = await ApiKeyService(s).authenticate(token)
+    assert found is not None
+    cache.put(hash_key(token), *found)
+    return hash_key(token)
+
+
+async def test_auth_refresh_extends_active_keys_and_drops_revoked_and_idle_ones(client, platform) -> None:
+    tid, headers = await new_tenant(client)
+    cache = AuthCache(ttl_s=0.2)
+    active = await _key_entry(platform, headers, cache)
+    time.sleep(0.25)
+    assert cache.get(active) is None  # expired: a call now would read the database
+    async with platform.sessionmaker() as s:
+        await cache.refresh(s, keep_s=60)
+    assert cache.get(active) is not None  # used within keep_s: re-read and valid again
+
+    key_id = cache._entries[active].key_id
+    assert (await client.delete(f"/v1/admin/tenants/{tid}/api-keys/{key_id}", headers=ADMIN)).status_code == 204
+    assert cache.get(active) is not None  # this cache has not heard of it yet
+    async with platform.sessionmaker() as s:
+        await cache.refresh(s, keep_s=60)
+    assert cache.get(active) is None
+
+    _, other = await new_tenant(client)
+    cache2 = AuthCache(ttl_s=60)
+    idle = await _key_entry(platform, other, cache2)
+    cache2._entries[idle].last_used -= 120
+    async with platform.sessionmaker() as s:
+        await cache2.refresh(s, keep_s=60)
+    assert idle not in cache2._entries
+
+
+async def test_function_refresh_sees_redeploys_deletes_and_kernels_from_elsewhere(client, platform) -> None:
+    tid, headers = await new_tenant(client)
+    assert (await deploy(client, headers, "f", wat("echo"))).status_code == 201
+    cache = FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=60)
+    meta, kernels = await cache.lookup(tid, "f")
+    assert meta.version == 1 and kernels.sources == {}
+    first_sha = meta.sha256
+
+    assert (await deploy(client, headers, "f", wat("exit3"))).status_code == 200
+    r = await client.put("/v1/kernels/k1", content=b'extern "C" __global__ void k1(float* x) { x[0] = 1.0f; }', headers={**headers, "Content-Type": "text/plain"})
+    assert r.status_code in (200, 201), r.text
+    assert (await cache.lookup(tid, "f"))[0].version == 1  # stale until refreshed
+    await cache.refresh(keep_s=60)
+    meta, kernels = await cache.lookup(tid, "f")
+    assert meta.version == 2 and meta.sha256 != first_sha
+    assert set(kernels.sources) == {"k1"} and kernels.version > 1
+
+    assert (await client.delete("/v1/functions/f", headers=headers)).status_code == 204
+    await cache.refresh(keep_s=60)
+    with pytest.raises(ApiError) as err:
+        await cache.function(tid, "f")
+    assert err.value.status == 404
+
+
+async def test_a_local_change_during_a_refresh_is_not_overwritten(client, platform, monkeypatch) -> None:
+    tid, headers = await new_tenant(client)
+    assert (await deploy(client, headers, "f", wat("echo"))).status_code == 201
+    cache = FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=60)
+    old, _ = await cache.lookup(tid, "f")
+    newer = type(old)(**{**old.__dict__, "version": 99})
+    load = FunctionCache._load_function
+
+    async def racing_load(self, session, tenant_id, name):  # type: ignore[no-untyped-def]
+        read = await load(self, session, tenant_id, name)  # the database's (older) view
+        self.remember(tenant_id, newer)  # a deploy on this node lands meanwhile
+        return read
+
+    monkeypatch.setattr(FunctionCache, "_load_function", racing_load)
+    await cache.refresh(keep_s=60)
+    assert (await cache.function(tid, "f")).version == 99
+
+
+async def test_an_idle_function_is_forgotten_and_the_refresher_loop_runs(client, platform) -> None:
+    tid, headers = await new_tenant(client)
+    assert (await deploy(client, headers, "f", wat("echo"))).status_code == 201
+    cache = FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=0.2)
+    await cache.lookup(tid, "f")
+    refresher = CacheRefresher(platform.sessionmaker, AuthCache(0.2), cache, ttl_s=0.2, keep_s=60)
+    refresher.start()
+    try:
+        time.sleep(0.25)  # expired now; the loop (every 0.1 s) brings it back without a call
+        deadline = time.monotonic() + 5
+        while (tid, "f") not in cache._fns or cache._fns[(tid, "f")].expires < time.monotonic():
+            assert time.monotonic() < deadline, "the refresher never refreshed the entry"
+            await asyncio.sleep(0.05)
+    finally:
+        await refresher.stop()
+    cache._used[(tid, "f")] -= 120
+    await cache.refresh(keep_s=60)
+    assert (tid, "f") not in cache._fns
