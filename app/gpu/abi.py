@@ -19,7 +19,6 @@ from typing import Any
 import wasmtime
 
 from app.gpu.backend import Backend, BackendError
-from app.runtime.memory import GuestMemory
 from app.gpu.signatures import (
     IMPORT_MODULE,
     LAST_ERROR_MAX_BYTES,
@@ -29,6 +28,7 @@ from app.gpu.signatures import (
     Code,
     Tag,
 )
+from app.runtime.memory import GuestMemory
 from kernels.std_numpy import NON_NEGATIVE, STD
 
 log = logging.getLogger(__name__)
