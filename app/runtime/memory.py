@@ -75,7 +75,7 @@ class GuestMemory:
         self.pin_budget_bytes = pin_budget_bytes
         self.pinned_bytes = 0
         self._pin: Pin | None = None
-        self._regions: dict[int, _Region] = {}  # id -> region, for the worker's life
+        self._regions: dict[int, _Region] = {}  # base address -> region, for the worker's life
         self._live: _Region | None = None  # the instance running now (one at a time)
         # ctypes callbacks must outlive every Engine that holds them
         self._cb_new = wasmtime._ffi.wasmtime_new_memory_callback_t(self._new_memory)
