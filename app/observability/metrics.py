@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from app.scheduler.scheduler import Scheduler
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed")
+OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
 RESTART_REASONS = ("crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed")
 WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
 

@@ -59,7 +59,7 @@ class RunRequest:
 
 @dataclass
 class RunResult:
-    status: str  # ok | exit | trap | timeout | output_limit | error | device_error
+    status: str  # ok | exit | trap | timeout | output_limit | error | device_error | artifact_error
     exit_code: int | None = None
     error: str | None = None
     stdout: bytearray = field(default_factory=bytearray)
@@ -203,8 +203,8 @@ class GuestRunner:
             try:
                 pre = self._instance_pre(req.sha256)
             except (wasmtime.WasmtimeError, OSError) as exc:  # a corrupt or missing artifact fails the call, not the worker
-                result.status = "error"
-                result.error = f"the function's compiled artifact could not be loaded: {_first_line(str(exc))}"
+                result.status = "artifact_error"
+                result.error = f"the function's compiled code could not be loaded: {_first_line(str(exc))}"
             else:
                 self._execute(pre, req, stdin, result)
         finally:

@@ -181,6 +181,11 @@ class FunctionCache:
         self._bump((tenant_id, name))
         self._fns.pop((tenant_id, name), None)
 
+    def discard_artifact(self, tenant_id: str, name: str, sha256: str) -> None:
+        """Forget a compiled file a worker could not load; the next lookup recompiles it."""
+        self.compiler.cache.path_for(sha256).unlink(missing_ok=True)
+        self.drop(tenant_id, name)
+
     def drop_kernels(self, tenant_id: str) -> None:
         self._bump(tenant_id)
         self._kernels.pop(tenant_id, None)
@@ -298,6 +303,7 @@ _STATUS = {
     "output_limit": (500, "output_limit", "output_limit_exceeded"),
     "timeout": (504, "timeout", "timeout"),
     "device_error": (500, "device_error", "device_error"),
+    "artifact_error": (500, "internal_error", "internal"),
 }
 
 
@@ -370,6 +376,11 @@ class InvokeService:
         stdout, stderr = out[:stdout_len], out[stdout_len:]
         stderr_tail = stderr.decode("utf-8", "replace") if stderr else None
         http, status, code = _STATUS.get(reply.get("status", "error"), _STATUS["error"])
+        if reply.get("status") == "artifact_error":
+            # the platform's own compiled file is unreadable: discard it, so the next call
+            # compiles the function again from its stored module
+            self.functions.discard_artifact(tenant.id, name, meta.sha256)
+            reply = {**reply, "error": f"{reply.get('error')}; it has been discarded and will be rebuilt, retry the call"}
         self._finish(record, status, t0, tenant.name, exit_code=reply.get("exit_code"), error=reply.get("error"), stderr=stderr_tail, host=reply.get("host"))
         if code is None:
             return InvokeOutcome(invocation_id, 200, stdout, meta.content_type)

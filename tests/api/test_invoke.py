@@ -6,8 +6,10 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 
 import httpx
+import wasmtime
 
 from tests.conftest import ADMIN, deploy, new_tenant, wat
 
@@ -220,3 +222,21 @@ async def test_redeploy_is_picked_up_by_the_next_call(client: httpx.AsyncClient)
     await deploy(client, key, "f", wat("noop"))
     r = await invoke(client, key, "f", b"abc")
     assert r.status_code == 200 and r.content == b""
+
+
+async def test_an_unreadable_compiled_artifact_fails_one_call_and_is_rebuilt(client, platform) -> None:
+    _, key = await new_tenant(client)
+    unique = uuid.uuid4().hex  # a module no other test shares, so no worker holds it already
+    module = wasmtime.wat2wasm(f'(module (memory (export "memory") 1) (data (i32.const 0) "{unique}") (func (export "_start")))')
+    r = await deploy(client, key, "fragile", bytes(module))
+    assert r.status_code == 201
+    artifact = platform.compiler.cache.path_for(r.json()["sha256"])
+    artifact.write_bytes(b"not a compiled module")
+    r = await invoke(client, key, "fragile")
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "internal" and "compiled code could not be loaded" in err["message"] and "retry" in err["message"]
+    assert not artifact.exists()  # discarded
+    r = await invoke(client, key, "fragile")  # recompiled from the stored module, same worker
+    assert r.status_code == 200, r.text
+    assert artifact.exists()

@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
     responses={
         200: {"description": "the guest's stdout", "content": {"application/octet-stream": {}}},
         429: {"description": "concurrency or rate limit; see Retry-After"},
-        500: {"description": "guest_error, output_limit_exceeded, device_error or worker_crashed"},
+        500: {"description": "guest_error, output_limit_exceeded, device_error, worker_crashed or internal"},
         504: {"description": "the invocation exceeded its time limit"},
     },
     openapi_extra={
