@@ -7,6 +7,14 @@
 
 #define P(label, expr) printf("%s=%lld\n", label, (long long)(expr))
 
+/* std.scale_f32's records: (buffer, offset), f32 scale, i32 n */
+static void scale_args(tw_args *a, int32_t buf, int64_t offset, int32_t n) {
+    tw_args_init(a);
+    tw_arg_buffer(a, buf, offset);
+    tw_arg_f32(a, 2.0f);
+    tw_arg_i32(a, n);
+}
+
 int main(void) {
     char text[2048];
     uint8_t raw[64];
@@ -62,10 +70,7 @@ int main(void) {
 
     /* launches */
     tw_args a;
-    tw_args_init(&a);
-    tw_arg_buffer(&a, buf, 0);
-    tw_arg_f32(&a, 2.0f);
-    tw_arg_i32(&a, 16);
+    scale_args(&a, buf, 0, 16);
     P("launch_ok", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
     P("launch_zero_grid", tw_launch_args(fn, 0, 1, 1, 16, 1, 1, 0, &a));
     P("launch_block_too_big", tw_launch_args(fn, 1, 1, 1, 2048, 1, 1, 0, &a));
@@ -76,37 +81,22 @@ int main(void) {
     uint8_t bad_tag[] = {0x7F, 0, 0, 0, 0};
     P("launch_unknown_tag", tw_launch(fn, 1, 1, 1, 16, 1, 1, 0, bad_tag, sizeof bad_tag));
     P("launch_truncated_record", tw_launch(fn, 1, 1, 1, 16, 1, 1, 0, a.bytes, 7));
-    tw_args_init(&a);
-    tw_arg_buffer(&a, 424242, 0);
-    tw_arg_f32(&a, 2.0f);
-    tw_arg_i32(&a, 16);
+    scale_args(&a, 424242, 0, 16);
     P("launch_bad_buffer_handle", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
-    tw_args_init(&a);
-    tw_arg_buffer(&a, buf, 65);
-    tw_arg_f32(&a, 2.0f);
-    tw_arg_i32(&a, 0);
+    scale_args(&a, buf, 65, 0);
     P("launch_offset_past_end", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
     tw_args_init(&a);
     tw_arg_buffer(&a, buf, 0);
     tw_arg_i32(&a, 2);
     tw_arg_i32(&a, 16);
     P("launch_wrong_arg_types", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
-    tw_args_init(&a);
-    tw_arg_buffer(&a, buf, 0);
-    tw_arg_f32(&a, 2.0f);
-    tw_arg_i32(&a, 17); /* 17 floats do not fit in 64 bytes */
+    scale_args(&a, buf, 0, 17); /* 17 floats do not fit in 64 bytes */
     P("launch_n_past_buffer", tw_launch_args(fn, 1, 1, 1, 32, 1, 1, 0, &a));
-    tw_args_init(&a);
-    tw_arg_buffer(&a, buf, 0);
-    tw_arg_f32(&a, 2.0f);
-    tw_arg_i32(&a, -1);
+    scale_args(&a, buf, 0, -1);
     P("launch_negative_n", tw_launch_args(fn, 1, 1, 1, 32, 1, 1, 0, &a));
     /* a repeated launch naming a buffer freed in between is refused, not replayed */
     int32_t tmp = tw_buffer_alloc(64);
-    tw_args_init(&a);
-    tw_arg_buffer(&a, tmp, 0);
-    tw_arg_f32(&a, 2.0f);
-    tw_arg_i32(&a, 16);
+    scale_args(&a, tmp, 0, 16);
     P("launch_cached_ok", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
     P("launch_cached_again", tw_launch_args(fn, 1, 1, 1, 16, 1, 1, 0, &a));
     tw_buffer_free(tmp);

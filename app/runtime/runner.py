@@ -222,7 +222,6 @@ class GuestRunner:
                 self.host.spans = None
         return result
 
-
     def _execute(self, pre: wasmtime.InstancePre, req: RunRequest, stdin: bytes, result: RunResult) -> None:
         store = wasmtime.Store(self.engine)
         store.set_limits(memory_size=req.wasm_memory_bytes)

@@ -66,18 +66,16 @@ class FunctionCache:
         self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
 
     async def lookup(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
-        """The function and the tenant's kernels; on a miss of both, read them concurrently."""
+        """The function and the tenant's kernels; on a miss, both reads run concurrently."""
         key = (tenant_id, name)
         now = time.monotonic()
         self._used[key] = now
         meta = self._fns.get(key)
         hit = self._kernels.get(tenant_id)
         if meta is not None and meta.expires > now and hit is not None and hit[0] > now:
-            return meta, hit[1]
-        if (meta is None or meta.expires <= now) and (hit is None or hit[0] <= now):
-            meta, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
-            return meta, kernels
-        return await self.function(tenant_id, name), await self.kernels(tenant_id)
+            return meta, hit[1]  # the hot path: no task, no await
+        meta, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
+        return meta, kernels
 
     async def function(self, tenant_id: str, name: str) -> FunctionMeta:
         key = (tenant_id, name)
