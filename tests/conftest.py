@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import wasmtime
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from app.db.migrate import upgrade
-from app.main import create_app
-from app.settings import Settings
-
-ROOT = Path(__file__).resolve().parent.parent
-GUESTS = Path(__file__).resolve().parent / "guests"
-EXAMPLES = ROOT / "examples"
-ADMIN_TOKEN = "test-admin-token"
+from tests.helpers import (
+    EXAMPLES,
+    GUESTS,
+    build_c,
+    fresh_postgres_database,
+    make_settings,
+    running_app,
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,22 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def fresh_postgres_database(base_url: str) -> tuple[str, Callable[[], None]]:
-    """Create an empty database next to base_url; returns its URL and a dropper."""
-    url = make_url(base_url).set(drivername="postgresql+psycopg")
-    name = f"tw_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return url.set(database=name).render_as_string(hide_password=False), drop
-
-
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
     pg = os.environ.get("TENSORWASM_TEST_DATABASE_URL")
@@ -77,31 +55,6 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("data")
-
-
-def make_settings(database_url: str, data_dir: Path, **overrides: Any) -> Settings:
-    base: dict[str, Any] = dict(
-        database_url=database_url,
-        data_dir=data_dir,
-        admin_token=ADMIN_TOKEN,
-        backend=os.environ.get("TENSORWASM_TEST_BACKEND", "cpu"),
-        max_workers=4,
-        warm_spares=1,
-        record_flush_interval_s=0.05,
-        queue_wait_ms=300,
-        cache_ttl_s=2.0,
-    )
-    base.update(overrides)
-    return Settings(**base)
-
-
-@asynccontextmanager
-async def running_app(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://tw.test", timeout=60) as client:
-            yield client, app.state.platform
 
 
 @pytest.fixture(scope="session")
@@ -128,47 +81,6 @@ def app_factory(database_url: str, tmp_path: Path) -> Callable[..., Any]:
         return running_app(make_settings(database_url, tmp_path, **overrides))
 
     return factory
-
-
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-async def new_tenant(client: httpx.AsyncClient, **quota: Any) -> tuple[str, dict[str, str]]:
-    """Create a tenant (unique name) and a key; returns (tenant_id, auth headers)."""
-    body: dict[str, Any] = {"name": f"t-{uuid.uuid4().hex[:12]}"}
-    if quota:
-        body["quota"] = quota
-    r = await client.post("/v1/admin/tenants", json=body, headers=ADMIN)
-    assert r.status_code == 201, r.text
-    tid = r.json()["id"]
-    r = await client.post(f"/v1/admin/tenants/{tid}/api-keys", headers=ADMIN)
-    assert r.status_code == 201, r.text
-    return tid, {"Authorization": f"Bearer {r.json()['key']}"}
-
-
-async def deploy(client: httpx.AsyncClient, headers: dict[str, str], name: str, wasm: bytes, **params: Any) -> httpx.Response:
-    return await client.put(
-        f"/v1/functions/{name}", content=wasm, params=params, headers={**headers, "Content-Type": "application/wasm"}
-    )
-
-
-def wat(name: str) -> bytes:
-    return bytes(wasmtime.wat2wasm((GUESTS / f"{name}.wat").read_text()))
-
-
-_C_CACHE: dict[str, bytes] = {}
-
-
-def build_c(source: Path, out_dir: Path) -> bytes:
-    """Compile a C guest with zig (from the ziglang package) for wasm32-wasi."""
-    key = str(source)
-    if key not in _C_CACHE:
-        out = out_dir / (source.stem + ".wasm")
-        cmd = [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{EXAMPLES}", str(source), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        assert res.returncode == 0, f"zig cc failed:\n{res.stderr}"
-        _C_CACHE[key] = out.read_bytes()
-    return _C_CACHE[key]
 
 
 @pytest.fixture(scope="session")

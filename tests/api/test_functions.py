@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.conftest import deploy, new_tenant, wat
+from tests.helpers import deploy, new_tenant, wat
 
 
 async def test_deploy_versions_and_noop_reupload(client: httpx.AsyncClient) -> None:

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import wasmtime
 
-from tests.conftest import ADMIN, deploy, new_tenant, wat
+from tests.helpers import ADMIN, deploy, new_tenant, wat
 
 
 async def invoke(client: httpx.AsyncClient, key: dict, name: str, body: bytes = b"", headers: dict | None = None, **kw) -> httpx.Response:

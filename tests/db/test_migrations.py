@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect
 from app.db.migrate import downgrade, upgrade
 from app.db.models import Base
 from app.db.session import sync_url
-from tests.conftest import fresh_postgres_database
+from tests.helpers import fresh_postgres_database
 
 TABLES = {"tenants", "api_keys", "functions", "function_versions", "kernels", "invocations"}
 

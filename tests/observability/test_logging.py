@@ -7,7 +7,7 @@ import logging
 import httpx
 
 from app.observability.logging import ConsoleFormatter, JsonFormatter, _ContextFilter
-from tests.conftest import deploy, new_tenant, wat
+from tests.helpers import deploy, new_tenant, wat
 
 
 async def test_json_lines_carry_request_tenant_and_invocation(client: httpx.AsyncClient) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import deploy, new_tenant, wat
+from tests.helpers import deploy, new_tenant, wat
 
 
 def _samples(text: str) -> dict[str, list]:

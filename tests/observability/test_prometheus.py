@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from app.bench import server, setup_tenant
-from tests.conftest import wat
+from tests.helpers import wat
 from tests.gpu.runner import Buf, rec_buf, rec_f32, rec_i32, request
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import httpx
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.main import create_app
-from tests.conftest import deploy, make_settings, new_tenant
+from tests.helpers import deploy, make_settings, new_tenant
 from tests.gpu.runner import Buf, rec_buf, rec_f32, rec_i32, request
 
 

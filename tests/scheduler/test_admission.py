@@ -3,7 +3,7 @@ device; otherwise idle tenants are evicted, and a cap that can never fit is refu
 
 from __future__ import annotations
 
-from tests.conftest import deploy, new_tenant, wat
+from tests.helpers import deploy, new_tenant, wat
 
 MIB = 1 << 20
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import deploy, new_tenant
+from tests.helpers import deploy, new_tenant
 
 
 async def test_a_caller_that_leaves_the_queue_does_not_leak_its_slot(client, platform, c_guest) -> None:

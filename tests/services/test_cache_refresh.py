@@ -13,7 +13,7 @@ from app.api.errors import ApiError
 from app.services.api_keys import ApiKeyService, AuthCache, hash_key
 from app.services.cache_refresh import CacheRefresher
 from app.services.invocations import FunctionCache
-from tests.conftest import ADMIN, deploy, new_tenant, wat
+from tests.helpers import ADMIN, deploy, new_tenant, wat
 
 
 async def _key_entry(platform, headers: dict[str, str], cache: AuthCache) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from app.services.invocations import InvocationRecorder
-from tests.conftest import new_tenant
+from tests.helpers import new_tenant
 
 
 async def test_a_record_of_a_deleted_tenant_does_not_block_the_batch(client, platform) -> None:
