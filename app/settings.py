@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     queue_wait_ms: int = 1000
     hard_timeout_grace_ms: int = 1000
     worker_start_timeout_s: float = 60.0
+    # Fork workers from a process that already imported the runtime (no CUDA call made there);
+    # false: a fresh interpreter per worker.
+    fork_server: bool = True
     stdout_limit_bytes: int = 16 * 1024 * 1024
     stderr_tail_bytes: int = 64 * 1024
     max_request_bytes: int = 32 * 1024 * 1024

@@ -22,6 +22,7 @@ from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 from app.worker.client import WorkerHandle, WorkerLost
+from app.worker.forkserver import ForkServer
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Scheduler:
         self._start_failures = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.fork_server = ForkServer(settings.backend) if settings.fork_server else None
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, wait: bool = True) -> None:
@@ -96,6 +98,8 @@ class Scheduler:
             t.cancel()
         await asyncio.gather(*(w.close() for w in self.workers), return_exceptions=True)
         self.workers.clear()
+        if self.fork_server is not None:
+            self.fork_server.close_sync()
 
     def ready(self) -> bool:
         return any(w.state in ("spare", "idle", "busy") for w in self.workers)
@@ -129,7 +133,7 @@ class Scheduler:
             self._spawn()
 
     def _spawn(self) -> None:
-        w = WorkerHandle(self.settings)
+        w = WorkerHandle(self.settings, spawner=self.fork_server)
         self.workers.append(w)
         task = asyncio.get_running_loop().create_task(self._start_worker(w))
         self._tasks.add(task)

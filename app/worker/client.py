@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from app.settings import Settings
+from app.worker.forkserver import ForkedProcess, ForkServer
 from app.worker.protocol import encode, read_frame_async
 from app.worker.stats import StatsPage, stats_dir
 
@@ -38,7 +39,8 @@ class WorkerHandle:
     last_used: float = field(default_factory=time.monotonic)
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     retire_reason: str | None = None
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | ForkedProcess | None = None
+    spawner: ForkServer | None = None  # None: a fresh interpreter per worker
     stats: StatsPage | None = None
 
     @property
@@ -49,10 +51,7 @@ class WorkerHandle:
         s = self.settings
         stats_path = stats_dir(s.data_dir) / f"tensorwasm-worker-{self.id}.stats"
         self.stats = StatsPage(stats_path, create=True)
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "app.worker.main",
+        argv = [
             "--backend", s.backend,
             "--cache-dir", str(s.cache_dir.resolve()),
             "--stats", str(stats_path),
@@ -61,10 +60,14 @@ class WorkerHandle:
             "--max-modules", str(s.max_modules_per_instance),
             "--gpu-memory", s.gpu_memory,
             "--pin-budget", str(s.pinned_guest_memory_bytes),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=1 << 20,
-        )
+        ]
+        if self.spawner is not None:
+            self.proc = await self.spawner.spawn(argv, limit=1 << 20)
+        else:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "app.worker.main", *argv,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20,
+            )
         header, _ = await asyncio.wait_for(self._read(), timeout=s.worker_start_timeout_s)
         if header.get("op") != "ready":
             raise WorkerLost(f"worker {self.id} sent {header.get('op')!r} instead of ready")
