@@ -75,7 +75,7 @@ def run_wrk(
     url: str,
     *,
     connections: int,
-    seconds: float,
+    seconds: float,  # whole seconds: wrk takes no fractions
     threads: int | None = None,
     method: str = "GET",
     body: str = "",
@@ -91,7 +91,7 @@ def run_wrk(
         f.write(script)
         path = Path(f.name)
     try:
-        cmd = [exe, "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s", "--timeout", "30s", "-s", str(path), url]
+        cmd = [exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(path), url]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
     finally:
         path.unlink(missing_ok=True)
