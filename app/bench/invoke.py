@@ -44,6 +44,10 @@ def default_processes() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+def _post(url: str, connections: int, seconds: float, headers: dict[str, str] | None = None) -> WrkResult:
+    return run_wrk(url, connections=connections, seconds=seconds, method="POST", body=BODY, headers=headers)
+
+
 def _line(name: str, value: str, target: str = "", ok: bool | None = None) -> None:
     mark = "" if ok is None else ("yes" if ok else "NO")
     print(f"{name:58} {value:>14}  {target:10} {mark}")
@@ -58,19 +62,18 @@ def bench_invoke(args: argparse.Namespace) -> int:
     procs = args.processes or default_processes()
     secs = args.seconds
     q = args.quota_concurrency
-    post = {"method": "POST", "body": BODY}
     res: dict[str, WrkResult] = {}
 
     print(f"baseline: bare FastAPI echo under uvicorn, 1 and {procs} processes", file=sys.stderr)
     with bare_echo(1) as url:
-        run_wrk(url, connections=8, seconds=1, **post)  # warm-up
-        res["bare1_c1"] = run_wrk(url, connections=1, seconds=secs, **post)
-        res["bare1_c32"] = run_wrk(url, connections=32, seconds=secs, **post)
+        _post(url, 8, 1)  # warm-up
+        res["bare1_c1"] = _post(url, 1, secs)
+        res["bare1_c32"] = _post(url, 32, secs)
     with bare_echo(procs) as url:
-        run_wrk(url, connections=8, seconds=1, **post)
-        res["bareN_c1"] = run_wrk(url, connections=1, seconds=secs, **post)
-        res["bareN_c32"] = run_wrk(url, connections=32, seconds=secs, **post)
-        res["bareN_c256"] = run_wrk(url, connections=256, seconds=secs, **post)
+        _post(url, 8, 1)
+        res["bareN_c1"] = _post(url, 1, secs)
+        res["bareN_c32"] = _post(url, 32, secs)
+        res["bareN_c256"] = _post(url, 256, secs)
 
     print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
     wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
@@ -78,20 +81,20 @@ def bench_invoke(args: argparse.Namespace) -> int:
     with server(**env) as base, httpx.Client(base_url=base, timeout=60) as client:
         url = f"{base}/v1/functions/echo/invoke"
         hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
-        run_wrk(url, connections=8, seconds=2, headers=hot, **post)  # binds the tenant's workers
-        res["node_c1"] = run_wrk(url, connections=1, seconds=secs, headers=hot, **post)
-        res["node_c32"] = run_wrk(url, connections=32, seconds=secs, headers=hot, **post)
-        res["node_c256"] = run_wrk(url, connections=256, seconds=secs, headers=hot, **post)
+        _post(url, 8, 2, hot)  # binds the tenant's workers
+        res["node_c1"] = _post(url, 1, secs, hot)
+        res["node_c32"] = _post(url, 32, secs, hot)
+        res["node_c256"] = _post(url, 256, secs, hot)
 
         flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
         quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
-        run_wrk(url, connections=q, seconds=2, headers=flood, **post)
-        run_wrk(url, connections=1, seconds=1, headers=quiet, **post)
-        res["quiet_alone"] = run_wrk(url, connections=1, seconds=secs, headers=quiet, **post)
-        res["flood_at_quota"] = run_wrk(url, connections=q, seconds=secs, headers=flood, **post)
+        _post(url, q, 2, flood)
+        _post(url, 1, 1, quiet)
+        res["quiet_alone"] = _post(url, 1, secs, quiet)
+        res["flood_at_quota"] = _post(url, q, secs, flood)
         with ThreadPoolExecutor(2) as pool:
-            over = pool.submit(run_wrk, url, connections=4 * q, seconds=secs, headers=flood, **post)
-            beside = pool.submit(run_wrk, url, connections=1, seconds=secs, headers=quiet, **post)
+            over = pool.submit(_post, url, 4 * q, secs, flood)
+            beside = pool.submit(_post, url, 1, secs, quiet)
             res["flood_at_4x"], res["quiet_beside_flood"] = over.result(), beside.result()
 
     if args.json:
