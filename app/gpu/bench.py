@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from app.bench import ADMIN, server, setup_tenant
+from app.bench.node import ADMIN, server, setup_tenant
 from app.gpu import kernel_runner
 from app.gpu.kernel_runner import TIME_LAUNCHES, TIME_PATH, Buf, rec_buf, rec_f32, rec_i32, request
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from app.bench import server, setup_tenant
+from app.bench.node import server, setup_tenant
 from tests.helpers import wat
 from tests.gpu.runner import Buf, rec_buf, rec_f32, rec_i32, request
 

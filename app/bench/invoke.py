@@ -1,0 +1,129 @@
+"""`tensorwasm bench invoke`: the node's invoke path against a bare FastAPI echo app, under wrk.
+
+Everything runs in one go on one machine: the baseline (`app.bench.echo_app` under plain uvicorn,
+with one process and with the node's process count) and the node (a real `tensorwasm serve` with
+an echo guest). Each figure is printed beside its baseline as a ratio, with the target it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+
+import httpx
+
+from app.bench.node import bare_echo, server, setup_tenant
+from app.bench.wrk import INSTALL_HINT, WrkResult, run_wrk, wrk_path
+
+# Echoes stdin to stdout, 64 KiB at a time.
+ECHO_WAT = """
+(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (func (export "_start") (local $n i32)
+    (loop $l
+      (i32.store (i32.const 0) (i32.const 1024))
+      (i32.store (i32.const 4) (i32.const 65536))
+      (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (local.set $n (i32.load (i32.const 8)))
+      (if (i32.gt_u (local.get $n) (i32.const 0))
+        (then
+          (i32.store (i32.const 4) (local.get $n))
+          (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 12)))
+          (br $l))))))
+"""
+BODY = "hello"
+
+
+def default_processes() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _post(url: str, connections: int, seconds: float, headers: dict[str, str] | None = None) -> WrkResult:
+    return run_wrk(url, connections=connections, seconds=seconds, method="POST", body=BODY, headers=headers)
+
+
+def _line(name: str, value: str, target: str = "", ok: bool | None = None) -> None:
+    mark = "" if ok is None else ("yes" if ok else "NO")
+    print(f"{name:58} {value:>14}  {target:10} {mark}")
+
+
+def bench_invoke(args: argparse.Namespace) -> int:
+    if wrk_path() is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    import wasmtime
+
+    procs = args.processes or default_processes()
+    secs = args.seconds
+    q = args.quota_concurrency
+    res: dict[str, WrkResult] = {}
+
+    print(f"baseline: bare FastAPI echo under uvicorn, 1 and {procs} processes", file=sys.stderr)
+    with bare_echo(1) as url:
+        _post(url, 8, 1)  # warm-up
+        res["bare1_c1"] = _post(url, 1, secs)
+        res["bare1_c32"] = _post(url, 32, secs)
+    with bare_echo(procs) as url:
+        _post(url, 8, 1)
+        res["bareN_c1"] = _post(url, 1, secs)
+        res["bareN_c32"] = _post(url, 32, secs)
+        res["bareN_c256"] = _post(url, 256, secs)
+
+    print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
+    wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
+    env = {"TENSORWASM_PROCESSES": str(procs), "TENSORWASM_MAX_WORKERS": str(args.workers), "TENSORWASM_WARM_SPARES": "2"}
+    with server(**env) as base, httpx.Client(base_url=base, timeout=60) as client:
+        url = f"{base}/v1/functions/echo/invoke"
+        hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
+        _post(url, 8, 2, hot)  # binds the tenant's workers
+        res["node_c1"] = _post(url, 1, secs, hot)
+        res["node_c32"] = _post(url, 32, secs, hot)
+        res["node_c256"] = _post(url, 256, secs, hot)
+
+        flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
+        quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
+        _post(url, q, 2, flood)
+        _post(url, 1, 1, quiet)
+        res["quiet_alone"] = _post(url, 1, secs, quiet)
+        res["flood_at_quota"] = _post(url, q, secs, flood)
+        with ThreadPoolExecutor(2) as pool:
+            over = pool.submit(_post, url, 4 * q, secs, flood)
+            beside = pool.submit(_post, url, 1, secs, quiet)
+            res["flood_at_4x"], res["quiet_beside_flood"] = over.result(), beside.result()
+
+    if args.json:
+        print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
+    _report(res, procs, q)
+    return 0
+
+
+def _report(r: dict[str, WrkResult], procs: int, q: int) -> None:
+    print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
+    _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
+    _line("node invoke c=1 p50 / p99 (ms)", f"{r['node_c1'].p50_ms:.3f} / {r['node_c1'].p99_ms:.3f}")
+    ratio = r["node_c1"].p50_ms / r["bareN_c1"].p50_ms
+    _line("c=1 p50: node / bare", f"{ratio:.2f}x", "<= 2.0x", ratio <= 2.0)
+    _line("c=1 p99: node / bare", f"{r['node_c1'].p99_ms / r['bareN_c1'].p99_ms:.2f}x")
+    for c in (32, 256):
+        node, bare = r[f"node_c{c}"], r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
+        _line(f"c={c}: node req/s (200s) | bare {procs}-process req/s", f"{node.goodput:.0f} | {bare.rps:.0f}")
+        _line(f"c={c}: node / bare with {procs} processes", f"{node.goodput / bare.rps:.2f}x", ">= 0.35x", node.goodput / bare.rps >= 0.35)
+    one = r["bare1_c32"].rps
+    _line("c=32: bare 1-process req/s", f"{one:.0f}")
+    _line("c=32: node / bare with 1 process", f"{r['node_c32'].goodput / one:.2f}x", ">= 1.0x", r["node_c32"].goodput / one >= 1.0)
+    peak, over = r["flood_at_quota"].goodput, r["flood_at_4x"]
+    _line(f"tenant at its quota (c={q}): goodput req/s", f"{peak:.0f}")
+    _line(f"tenant at 4x its quota (c={4 * q}): goodput req/s (429s)", f"{over.goodput:.0f} ({over.limited})")
+    _line("goodput at 4x quota / at quota", f"{over.goodput / peak:.2f}x", ">= 0.9x", over.goodput / peak >= 0.9)
+    alone, beside = r["quiet_alone"], r["quiet_beside_flood"]
+    _line("other tenant c=1 p99 alone / beside the flood (ms)", f"{alone.p99_ms:.2f} / {beside.p99_ms:.2f}")
+    ok = beside.p99_ms <= 2 * alone.p99_ms and beside.other == 0
+    _line("other tenant p99 beside the flood / alone", f"{beside.p99_ms / alone.p99_ms:.2f}x", "<= 2.0x", ok)
+    errors = sum(v.socket_errors + v.other for k, v in r.items() if k != "flood_at_4x")
+    _line("socket errors and non-200/429 replies (all runs)", str(errors), "0", errors == 0)

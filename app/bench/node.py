@@ -1,0 +1,97 @@
+"""Processes a benchmark measures: a real `tensorwasm serve` node, and the bare FastAPI baseline."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+ADMIN = "bench-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not become ready")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def server(**env: str) -> Iterator[str]:
+    """A real `tensorwasm serve` on a free port with a fresh SQLite data dir; yields its base URL."""
+    with tempfile.TemporaryDirectory(prefix="tw-bench-") as data:
+        port = free_port()
+        full = {
+            **os.environ,
+            "TENSORWASM_DATA_DIR": data,
+            "TENSORWASM_ADMIN_TOKEN": ADMIN,
+            "TENSORWASM_PORT": str(port),
+            "TENSORWASM_LOG_LEVEL": "warning",
+            **env,
+        }
+        full.pop("TENSORWASM_DATABASE_URL", None)
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(proc, f"{base}/readyz")
+            yield base
+        finally:
+            _stop(proc)
+
+
+@contextmanager
+def bare_echo(processes: int) -> Iterator[str]:
+    """The baseline app under plain uvicorn with `processes` worker processes; yields the echo URL."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "uvicorn", "app.bench.echo_app:app", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", str(processes), "--log-level", "warning", "--no-access-log",
+    ]
+    proc = subprocess.Popen(cmd)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(proc, f"{base}/docs")
+        yield f"{base}/echo"
+    finally:
+        _stop(proc)
+
+
+def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], **quota: Any) -> dict[str, str]:
+    """Create a tenant and a key, deploy `functions` (name -> module); returns its auth header."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    r = client.post("/v1/admin/tenants", json={"name": name, "quota": quota}, headers=admin)
+    r.raise_for_status()
+    key = client.post(f"/v1/admin/tenants/{r.json()['id']}/api-keys", headers=admin).json()["key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    for fn, wasm in functions.items():
+        client.put(f"/v1/functions/{fn}", content=wasm, headers={**headers, "Content-Type": "application/wasm"}).raise_for_status()
+    return headers

@@ -1,0 +1,118 @@
+"""Drive HTTP load with wrk (Debian's `wrk` package) and read its figures back as numbers.
+
+wrk is an external C load generator: it stays far from its own limit where an in-process Python
+client would be the bottleneck (a few hundred requests/s). A small Lua script counts replies by
+status and prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+INSTALL_HINT = "wrk is needed: `apt-get install wrk` (Debian/Ubuntu) or `brew install wrk`; or set TENSORWASM_WRK to its path"
+
+_SCRIPT = r"""
+wrk.method = "%(method)s"
+wrk.body = %(body)s
+%(headers)s
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) ok = 0; limited = 0; other = 0 end
+function response(status, headers, body)
+  if status == 200 then ok = ok + 1 elseif status == 429 then limited = limited + 1 else other = other + 1 end
+end
+function done(summary, latency, requests)
+  local o, l, x = 0, 0, 0
+  for _, t in ipairs(threads) do o = o + t:get("ok"); l = l + t:get("limited"); x = x + t:get("other") end
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%%d,"duration_us":%%d,"ok":%%d,"limited":%%d,"other":%%d,' ..
+    '"p50_us":%%d,"p90_us":%%d,"p99_us":%%d,"max_us":%%d,"socket_errors":%%d}\n',
+    summary.requests, summary.duration, o, l, x, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+def _lua_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string literal is a valid Lua string literal for ASCII text
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests: int
+    seconds: float
+    ok: int
+    limited: int
+    other: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    socket_errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def goodput(self) -> float:
+        """Replies with status 200 per second."""
+        return self.ok / self.seconds
+
+
+def wrk_path() -> str | None:
+    return os.environ.get("TENSORWASM_WRK") or shutil.which("wrk")
+
+
+def run_wrk(
+    url: str,
+    *,
+    connections: int,
+    seconds: float,  # whole seconds: wrk takes no fractions
+    threads: int | None = None,
+    method: str = "GET",
+    body: str = "",
+    headers: dict[str, str] | None = None,
+) -> WrkResult:
+    exe = wrk_path()
+    if exe is None:
+        raise RuntimeError(INSTALL_HINT)
+    threads = max(1, min(threads or default_threads(), connections))
+    lines = "\n".join(f"wrk.headers[{_lua_str(k)}] = {_lua_str(v)}" for k, v in (headers or {}).items())
+    script = _SCRIPT % {"method": method, "body": _lua_str(body), "headers": lines}
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+        path = Path(f.name)
+    try:
+        cmd = [exe, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(path), url]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    finally:
+        path.unlink(missing_ok=True)
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRKJSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    raw = json.loads(line[len("WRKJSON "):])
+    return WrkResult(
+        requests=raw["requests"],
+        seconds=raw["duration_us"] / 1e6,
+        ok=raw["ok"],
+        limited=raw["limited"],
+        other=raw["other"],
+        p50_ms=raw["p50_us"] / 1e3,
+        p90_ms=raw["p90_us"] / 1e3,
+        p99_ms=raw["p99_us"] / 1e3,
+        max_ms=raw["max_us"] / 1e3,
+        socket_errors=raw["socket_errors"],
+    )
+
+
+def default_threads() -> int:
+    """A quarter of the cores for the load generator (at least one, at most eight)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
