@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quota-concurrency", type=int, default=8, help="max_concurrency of the tenant that floods")
     p.add_argument("--json", action="store_true", help="also print every wrk result as JSON")
     p = b.add_parser("gpu", help="guest GPU paths against raw CuPy (needs a GPU)")
+    p = b.add_parser("parking", help="parked CUDA contexts (driver checkpoint) against new forked workers (needs a GPU)")
+    p.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
 
     if args.cmd == "serve":

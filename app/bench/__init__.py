@@ -11,6 +11,10 @@ def main(args: argparse.Namespace) -> int:
         from app.bench.invoke import bench_invoke
 
         return bench_invoke(args)
+    if args.bench_cmd == "parking":
+        from app.bench.parking import bench_parking
+
+        return bench_parking(args)
     from app.gpu.bench import bench_gpu
 
     return bench_gpu(args)
