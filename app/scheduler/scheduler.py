@@ -85,7 +85,7 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, wait: bool = True) -> None:
         self._ensure_spares()
-        if wait:
+        if wait and self.settings.warm_spares > 0:  # with no spares kept, nothing to wait for
             deadline = time.monotonic() + self.settings.worker_start_timeout_s
             while not any(w.state == "spare" for w in self.workers) and time.monotonic() < deadline:
                 if not any(w.state == "starting" for w in self.workers):
