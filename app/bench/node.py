@@ -46,8 +46,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def server(**env: str) -> Iterator[str]:
-    """A real `tensorwasm serve` on a free port with a fresh SQLite data dir; yields its base URL."""
+def server(ready_path: str = "/readyz", **env: str) -> Iterator[str]:
+    """A real `tensorwasm serve` on a free port with a fresh SQLite data dir; yields its base URL.
+
+    A node that keeps no warm spares is never "ready" before its first call: wait for /healthz.
+    """
     with tempfile.TemporaryDirectory(prefix="tw-bench-") as data:
         port = free_port()
         full = {
@@ -62,7 +65,7 @@ def server(**env: str) -> Iterator[str]:
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full)
         base = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(proc, f"{base}/readyz")
+            _wait_ready(proc, f"{base}{ready_path}")
             yield base
         finally:
             _stop(proc)

@@ -72,16 +72,17 @@ def bench_parking(args: argparse.Namespace) -> int:
     wasm = _vector_add_wasm()
     body = np.arange(4096, dtype=np.float32).tobytes() * 2
     quota: dict[str, Any] = {"gpu_memory_bytes": 1 << 30, "requests_per_second": 1e5, "timeout_ms": 60_000}
-    drv = _Driver()
+    drv: _Driver | None = None
     res: dict[str, list[float]] = {"fork_start_bind_call_s": [], "warm_call_s": [], "checkpoint_s": [], "restore_s": [], "first_call_after_restore_s": []}
     # no warm spares: a new tenant's first call pays a fork-server start, the bind and the call
-    with server(TENSORWASM_BACKEND="cuda", TENSORWASM_WARM_SPARES="0", TENSORWASM_MAX_WORKERS="16") as base, httpx.Client(base_url=base, timeout=120) as client:
+    with server("/healthz", TENSORWASM_BACKEND=os.environ.get("TENSORWASM_BACKEND", "cuda"), TENSORWASM_WARM_SPARES="0", TENSORWASM_MAX_WORKERS="16") as base, httpx.Client(base_url=base, timeout=120) as client:
         for i in range(args.rounds):
             name = f"park{i}"
             headers = setup_tenant(client, name, {"vadd": wasm}, **quota)
             res["fork_start_bind_call_s"].append(_call(client, headers, body))
             res["warm_call_s"].append(statistics.median(_call(client, headers, body) for _ in range(5)))
             pid = _worker_pid(client, name)
+            drv = drv or _Driver()
             t_lock = drv.call("cuCheckpointProcessLock", pid)
             res["checkpoint_s"].append(t_lock + drv.call("cuCheckpointProcessCheckpoint", pid))
             t_restore = drv.call("cuCheckpointProcessRestore", pid)
