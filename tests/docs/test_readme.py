@@ -1,7 +1,9 @@
 """The README's walk-through runs as written: its shell blocks go through bash, command by command,
 against a real `tensorwasm serve` started the way the README's set-up starts it (a fresh
 directory, SQLite in ./.tensorwasm, a generated admin token), on the CPU backend and a free port.
-Every command must succeed, and the outputs the README promises must appear."""
+Every command must succeed, and the outputs the README promises must appear. The section
+"Command line and Python client", when the README has it, runs after the walk-through in the
+same shell, where a reader would run it."""
 
 from __future__ import annotations
 
@@ -202,15 +204,20 @@ def tools() -> None:
 
 
 @pytest.mark.slow
-def test_the_curl_walk_through_runs_as_written(tools: None, tmp_path: Path) -> None:
+def test_the_walk_through_runs_as_written(tools: None, tmp_path: Path) -> None:
+    """The curl walk-through, then the command-line section when the README has one, in one
+    shell session on one server, as a reader following the README would run them."""
     blocks = _section_blocks(WALK_THROUGH)
     assert blocks, f"the README has no ```sh block under {WALK_THROUGH!r}"
     commands = [c for b in blocks for c in _commands(b)]
     for fragment in WALK_THROUGH_EXPECTS:
         matches = [c for c in commands if fragment in c]
         assert len(matches) == 1, f"{fragment!r} picks {len(matches)} walk-through commands; update the test with the README"
+    client_blocks = _section_blocks(CLIENT_SECTION) or []
+    client_commands = [c for b in client_blocks for c in _commands(b)]
+    assert client_commands or not client_blocks, f"the section {CLIENT_SECTION!r} has no ```sh commands"
     with _server(tmp_path) as (cwd, env):
-        outputs = _run_block_commands(commands, cwd, env, tmp_path)
+        outputs = _run_block_commands(commands + client_commands, cwd, env, tmp_path)
     for fragment, check in WALK_THROUGH_EXPECTS.items():
         i = next(i for i, c in enumerate(commands) if fragment in c)
         try:
@@ -218,17 +225,6 @@ def test_the_curl_walk_through_runs_as_written(tools: None, tmp_path: Path) -> N
         except (ValueError, KeyError, TypeError) as exc:
             ok, outputs[i] = False, f"{outputs[i]}\n({type(exc).__name__}: {exc})"
         assert ok, f"README command:\n{commands[i]}\nprinted:\n{outputs[i]}"
-
-
-@pytest.mark.slow
-def test_the_command_line_section_runs_as_written(tools: None, tmp_path: Path) -> None:
-    blocks = _section_blocks(CLIENT_SECTION)
-    if blocks is None:
-        pytest.skip(f"the README has no section {CLIENT_SECTION!r}")
-    commands = [c for b in blocks for c in _commands(b)]
-    assert commands, f"the section {CLIENT_SECTION!r} has no ```sh commands"
-    with _server(tmp_path) as (cwd, env):
-        _run_block_commands(commands, cwd, env, tmp_path)
 
 
 def test_blocks_split_into_commands_as_bash_reads_them() -> None:
