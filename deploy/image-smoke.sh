@@ -123,6 +123,7 @@ if ! bah inspect --type image "localhost/$BASE" >/dev/null 2>&1; then
     mnt=$(bah mount "$ctr")
     tar -C "$mnt" -xf "$rootfs_tar"
     # this host's trust store, so TLS inside the build trusts what the host trusts
+    [ -s /etc/ssl/certs/ca-certificates.crt ] || die "this host has no /etc/ssl/certs/ca-certificates.crt to copy in"
     cp /etc/ssl/certs/ca-certificates.crt "$mnt/etc/ssl/certs/ca-certificates.crt"
     printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$mnt/etc/pip.conf"
     bah umount "$ctr" >/dev/null

@@ -170,9 +170,22 @@ def test_reference_limits_cite_real_settings_with_their_defaults() -> None:
 def test_nothing_cites_a_file_the_repository_does_not_have() -> None:
     for path in [ROOT / "README.md", HEADER, *EXAMPLES.glob("*.c"), *(ROOT / "docs").glob("*.md")]:
         assert "ABI.md" not in path.read_text(), f"{path.relative_to(ROOT)} cites ABI.md"
-    for path in (ROOT / "docs").glob("*.md"):
-        for target in re.findall(r"\]\((\.\./[^)#]+|[\w./-]+\.md)(?:#[^)]*)?\)", path.read_text()):
-            assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to {target}, which does not exist"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_anchors_in_links_exist() -> None:
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target, anchor in re.findall(r"\]\(([^)#:]*)#([^)]+)\)", path.read_text()):
+            dest = (path.parent / target) if target else path
+            assert anchor in _anchors(dest), f"{path.relative_to(ROOT)} links to {target}#{anchor}, no such heading"
 
 
 # ---- the reference's examples, run ------------------------------------------------------------
