@@ -106,7 +106,14 @@ mkdir -p "$CACHE" "$STORAGE"
 say "the Dockerfile's target builds on $BASE, which is made here"
 
 # ---- the base image: debootstrap bookworm + Python in a venv on PATH -----------------------------
-if ! bah inspect --type image "localhost/$BASE" >/dev/null 2>&1; then
+# Made again (from the cached tree: seconds) whenever this host's CA bundle has changed.
+[ -s /etc/ssl/certs/ca-certificates.crt ] || die "this host has no /etc/ssl/certs/ca-certificates.crt to copy in"
+ca_sha=$(sha256sum /etc/ssl/certs/ca-certificates.crt | cut -d' ' -f1)
+base_ca=$(bah inspect --type image "localhost/$BASE" 2>/dev/null | python3 -c \
+    'import json, sys; print((json.load(sys.stdin)["OCIv1"]["config"].get("Labels") or {}).get("tensorwasm.smoke.ca-sha256", ""))' \
+    2>/dev/null || true)
+if [ "$base_ca" != "$ca_sha" ]; then
+    bah rmi -f "localhost/$BASE" "docker.io/library/$BASE" >/dev/null 2>&1 || true
     rootfs_tar="$CACHE/$SUITE-minbase-python.tar"
     if [ ! -s "$rootfs_tar" ]; then
         say "bootstrapping Debian $SUITE from $MIRROR (cached in $rootfs_tar)"
@@ -123,13 +130,12 @@ if ! bah inspect --type image "localhost/$BASE" >/dev/null 2>&1; then
     mnt=$(bah mount "$ctr")
     tar -C "$mnt" -xf "$rootfs_tar"
     # this host's trust store, so TLS inside the build trusts what the host trusts
-    [ -s /etc/ssl/certs/ca-certificates.crt ] || die "this host has no /etc/ssl/certs/ca-certificates.crt to copy in"
     cp /etc/ssl/certs/ca-certificates.crt "$mnt/etc/ssl/certs/ca-certificates.crt"
     printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$mnt/etc/pip.conf"
     bah umount "$ctr" >/dev/null
     bah config --env PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         --env LANG=C.UTF-8 --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
-        --cmd python3 "$ctr"
+        --label "tensorwasm.smoke.ca-sha256=$ca_sha" --cmd python3 "$ctr"
     bah run --isolation chroot --network host "$ctr" -- /usr/bin/python3 -m venv /opt/python \
         || die "could not create the base image's Python venv"
     bah commit -q "$ctr" "localhost/$BASE" >/dev/null
