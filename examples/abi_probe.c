@@ -1,4 +1,5 @@
-/* Example guest: probes the bad inputs ABI.md promises to refuse, printing "probe=result" lines.
+/* Example guest: probes the bad inputs the guest ABI (version 1, docs/guest-abi.md) refuses,
+ * printing "probe=result" lines.
  * Every probe must come back as the documented error code, and the guest keeps running.
  */
 #include <stdio.h>

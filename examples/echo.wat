@@ -1,5 +1,5 @@
 ;; Example guest (WAT): echoes the request body. Deploy with
-;;   python -c "import wasmtime,sys; sys.stdout.buffer.write(wasmtime.wat2wasm(open('examples/echo.wat').read()))" > echo.wasm
+;;   python3 -c "import wasmtime,sys; sys.stdout.buffer.write(wasmtime.wat2wasm(open('examples/echo.wat').read()))" > echo.wasm
 (module
   (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))

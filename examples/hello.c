@@ -1,5 +1,6 @@
 /* Example guest (C): greets the caller, shows the environment the platform gives a guest.
- * Build: python -m ziglang cc -target wasm32-wasi -O2 examples/hello.c -o hello.wasm
+ * Build: python3 -m ziglang cc -target wasm32-wasi -O2 -s examples/hello.c -o hello.wasm
+ * What a guest sees (argv, environment, exit status): docs/guest-abi.md, section 1.
  */
 #include <stdio.h>
 #include <stdlib.h>

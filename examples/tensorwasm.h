@@ -1,7 +1,8 @@
-/* tensorwasm.h: the guest SDK for the TensorWasm GPU ABI, version 1 (see ABI.md).
+/* tensorwasm.h: the guest header for the TensorWasm guest ABI, version 1.
+ * The reference for every declaration below is docs/guest-abi.md.
  *
  * Include it in a WASI command built for wasm32-wasi, e.g.
- *   python -m ziglang cc -target wasm32-wasi -O2 -s -Iexamples my_guest.c -o my_guest.wasm
+ *   python3 -m ziglang cc -target wasm32-wasi -O2 -s -Iexamples my_guest.c -o my_guest.wasm
  */
 #ifndef TENSORWASM_H
 #define TENSORWASM_H
@@ -12,7 +13,7 @@
 
 #define TW_IMPORT(name) __attribute__((import_module("tensorwasm"), import_name(#name)))
 
-/* ---- error codes: every function returns >= 0 on success, one of these on failure ---- */
+/* ---- return codes (section 3): every function returns >= 0 on success, one of these on failure ---- */
 enum {
     TW_OK = 0,
     TW_UNAVAILABLE = -1,      /* no GPU here, the tenant may not use it, or CPU worker */
@@ -29,12 +30,12 @@ enum {
 
 enum { TW_FORMAT_CUDA = 0, TW_FORMAT_PTX = 1 };
 
-/* ---- 2.1 device and errors ---- */
+/* ---- device and errors (docs/guest-abi.md 4.1) ---- */
 TW_IMPORT(device_count) int32_t tw_device_count(void);
 TW_IMPORT(device_info) int32_t tw_device_info(char *dst, int32_t dst_len);
 TW_IMPORT(last_error) int32_t tw_last_error(char *dst, int32_t dst_len);
 
-/* ---- 2.2 buffers ---- */
+/* ---- buffers (4.2) ---- */
 TW_IMPORT(buffer_alloc) int32_t tw_buffer_alloc(int64_t size);
 TW_IMPORT(buffer_free) int32_t tw_buffer_free(int32_t buf);
 TW_IMPORT(buffer_size) int64_t tw_buffer_size(int32_t buf);
@@ -42,7 +43,7 @@ TW_IMPORT(buffer_write) int32_t tw_buffer_write(int32_t buf, int64_t offset, con
 TW_IMPORT(buffer_read) int32_t tw_buffer_read(int32_t buf, int64_t offset, void *dst, int32_t len);
 TW_IMPORT(buffer_copy) int32_t tw_buffer_copy(int32_t dst, int64_t dst_offset, int32_t src, int64_t src_offset, int64_t len);
 
-/* ---- 2.3 kernels ---- */
+/* ---- kernel modules, functions and launches (4.3) ---- */
 TW_IMPORT(module_load) int32_t tw_module_load(const void *src, int32_t src_len, int32_t format);
 TW_IMPORT(module_get) int32_t tw_module_get(const char *name, int32_t name_len);
 TW_IMPORT(function_get) int32_t tw_function_get(int32_t module, const char *name, int32_t name_len);
@@ -50,7 +51,7 @@ TW_IMPORT(launch) int32_t tw_launch(int32_t fn, int32_t gx, int32_t gy, int32_t 
                                     int32_t shared_bytes, const void *args, int32_t args_len);
 TW_IMPORT(synchronize) int32_t tw_synchronize(void);
 
-/* ---- kernel argument records (ABI.md 2.3): tag byte + little-endian payload, no padding ---- */
+/* ---- kernel argument records (section 5): tag byte + little-endian payload, no padding ---- */
 enum { TW_ARG_I32 = 0x01, TW_ARG_I64 = 0x02, TW_ARG_F32 = 0x03, TW_ARG_F64 = 0x04, TW_ARG_BUFFER = 0x10 };
 #define TW_MAX_ARG_BYTES 4096
 #define TW_MAX_ARG_RECORDS 128

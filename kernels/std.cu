@@ -1,6 +1,6 @@
-// The `std` kernel library of ABI.md 2.4 (CUDA side). gemm_f32 runs through cuBLAS instead
-// (faster); the host dispatches it. Every kernel uses a grid-stride loop over a linear thread
-// index, so it is correct for any n >= 0 and any launch shape, including the usual
+// The `std` kernel library, CUDA side (docs/guest-abi.md, section 6). gemm_f32 runs through
+// cuBLAS instead (faster); the host dispatches it. Every kernel uses a grid-stride loop over a
+// linear thread index, so it is correct for any n >= 0 and any launch shape, including the usual
 // one-thread-per-element shape with the grid rounded up.
 
 #define TW_TID() \

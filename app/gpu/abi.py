@@ -1,4 +1,4 @@
-"""The `tensorwasm` host functions (ABI.md section 2) over a Backend.
+"""The `tensorwasm` host functions (docs/guest-abi.md, section 4) over a Backend.
 
 State lives per invocation (handles, buffers, last error) and is torn down in `end()`, however
 the guest ended. Every host function returns an ABI code and never raises into the guest.

@@ -1,4 +1,5 @@
-"""The `tensorwasm` import module of ABI.md version 1: names, wasm signatures, codes, tags.
+"""The `tensorwasm` import module of the guest ABI, version 1 (docs/guest-abi.md): names, wasm
+signatures, codes, tags.
 
 Frozen: extend only by adding entries.
 """

@@ -1,4 +1,5 @@
-"""Deploy-time checks: a module must be a WASI command importing only what ABI.md allows."""
+"""Deploy-time checks: a module must be a WASI command importing only what the guest ABI allows
+(docs/guest-abi.md, section 1)."""
 
 from __future__ import annotations
 
