@@ -18,8 +18,6 @@ from typing import Any, Iterator
 
 import httpx
 
-from app.settings import REPO_ROOT
-
 ADMIN = "bench-admin-token"
 NOOP_WAT = '(module (memory (export "memory") 1) (func (export "_start")))'
 
@@ -44,7 +42,7 @@ def server(**env: str) -> Iterator[str]:
             **env,
         }
         full.pop("TENSORWASM_DATABASE_URL", None)
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full, cwd=REPO_ROOT)
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full, cwd=data)
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 120

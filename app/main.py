@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from app import __version__
 from app.api.errors import install_error_handlers
@@ -65,6 +66,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     recorder.start()
     refresher.start()
     await scheduler.start(wait=True)
+    devices = sorted({str(w.device.get("name")) for w in scheduler.workers if w.device.get("name")})
+    log.info(
+        "serving: backend %s, device(s) %s, database %s",
+        scheduler.backend, ", ".join(devices) or "none", make_url(settings.resolved_database_url).render_as_string(hide_password=True),
+    )
     try:
         yield
     finally:
