@@ -30,6 +30,11 @@ from opentelemetry.sdk.trace.export import SpanExporter
 log = logging.getLogger(__name__)
 
 
+def describe_database(url: str) -> str:
+    """The database URL for the log, its password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
@@ -69,7 +74,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     devices = sorted({str(w.device.get("name")) for w in scheduler.workers if w.device.get("name")})
     log.info(
         "serving: backend %s, device(s) %s, database %s",
-        scheduler.backend, ", ".join(devices) or "none", make_url(settings.resolved_database_url).render_as_string(hide_password=True),
+        scheduler.backend, ", ".join(devices) or "none", describe_database(settings.resolved_database_url),
     )
     try:
         yield
