@@ -137,10 +137,11 @@ def server_process(
     database_url: str | None = None,
     *,
     command: list[str] | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     cwd: Path | None = None,
 ) -> Iterator[ServerProcess]:
-    """Start `tensorwasm serve` (or ``command``) on a free port and wait for /readyz."""
+    """Start `tensorwasm serve` (or ``command``) on a free port and wait for /readyz; an
+    ``env`` value of None removes that variable."""
     port = _free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWASM_")}
     full.update(
@@ -152,7 +153,11 @@ def server_process(
     )
     if database_url:
         full["TENSORWASM_DATABASE_URL"] = database_url
-    full.update(env or {})
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "serve.log"
     with open(log_path, "wb") as log:
