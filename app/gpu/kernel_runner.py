@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-
 from pathlib import Path
 
 # The guest is an example, not package data: the GPU benchmark builds it from a checkout (or

@@ -74,4 +74,4 @@ def test_wheel_is_self_contained(tmp_path: Path, c_guest: Callable[[str], bytes]
         assert r.status_code == 200, r.text
         assert np.frombuffer(r.content, np.float32).tolist() == (a + b).tolist()  # the std kernel's NumPy twin ran
         log = node.log()
-    assert "serving: backend cpu" in log and not (elsewhere / ".tensorwasm").exists()
+    assert f"serving: backend {os.environ.get('TENSORWASM_TEST_BACKEND', 'cpu')}" in log and not (elsewhere / ".tensorwasm").exists()
