@@ -41,7 +41,7 @@ def admin() -> None:
 def create_tenant(cfg: Config, name: str, **quota: Any) -> None:
     """Create a tenant; omitted quota fields take the platform defaults."""
     with cfg.admin() as c:
-        emit(cfg, c.create_tenant(name, given(quota)))
+        emit(c.create_tenant(name, given(quota)))
 
 
 @admin.command("list")
@@ -63,7 +63,7 @@ def list_tenants(cfg: Config) -> None:
 def get_tenant(cfg: Config, tenant: str) -> None:
     """Show a tenant and its quota."""
     with cfg.admin() as c:
-        emit(cfg, c.get_tenant(tenant))
+        emit(c.get_tenant(tenant))
 
 
 @admin.command("set-quota")
@@ -77,7 +77,7 @@ def set_quota(cfg: Config, tenant: str, replace: bool, **quota: Any) -> None:
     if not fields and not replace:
         raise click.UsageError("give at least one quota field (see --help)")
     with cfg.admin() as c:
-        emit(cfg, c.replace_quota(tenant, **fields) if replace else c.update_quota(tenant, **fields))
+        emit(c.replace_quota(tenant, **fields) if replace else c.update_quota(tenant, **fields))
 
 
 @admin.command("disable")
@@ -86,7 +86,7 @@ def set_quota(cfg: Config, tenant: str, replace: bool, **quota: Any) -> None:
 def disable(cfg: Config, tenant: str) -> None:
     """Disable a tenant: its keys stop working at once, its data stays."""
     with cfg.admin() as c:
-        emit(cfg, c.disable_tenant(tenant))
+        emit(c.disable_tenant(tenant))
 
 
 @admin.command("enable")
@@ -95,7 +95,7 @@ def disable(cfg: Config, tenant: str) -> None:
 def enable(cfg: Config, tenant: str) -> None:
     """Enable a disabled tenant again."""
     with cfg.admin() as c:
-        emit(cfg, c.enable_tenant(tenant))
+        emit(c.enable_tenant(tenant))
 
 
 @admin.command("delete")
@@ -119,7 +119,7 @@ def create_key(cfg: Config, tenant: str) -> None:
     with cfg.admin() as c:
         key = c.create_api_key(tenant)
     if cfg.as_json:
-        emit(cfg, key)
+        emit(key)
     else:
         status(f"key {key.id} for {tenant} (shown only now):")
         click.echo(key.key)

@@ -59,7 +59,7 @@ def _plain(value: Any) -> Any:
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
-def emit(cfg: Config, value: Any) -> None:
+def emit(value: Any) -> None:
     """One object: indented JSON (it is both readable and scriptable)."""
     click.echo(json.dumps(_plain(value), indent=2))
 

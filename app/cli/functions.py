@@ -60,7 +60,7 @@ def deploy(cfg: Config, name: str, file: Path, env: tuple[str, ...], content_typ
     fn = result.function
     if not quiet:
         status(f"deployed {fn.name} version {fn.version}" + (" (new function)" if result.created else ""))
-    emit(cfg, fn)
+    emit(fn)
 
 
 @click.command()
@@ -79,7 +79,7 @@ def invoke(cfg: Config, name: str, data: str | None, query: tuple[str, ...], str
         if run_async:
             record = c.submit(name, body, query=params)
             status(f"queued invocation {record.id}: `tensorwasm invocations get {record.id}`")
-            emit(cfg, record)
+            emit(record)
         elif stream:
             with c.invoke_stream(name, body, query=params) as chunks:
                 for chunk in chunks:
@@ -109,7 +109,7 @@ def list_functions(cfg: Config) -> None:
 def get_function(cfg: Config, name: str) -> None:
     """Show a function and its versions."""
     with cfg.tenant() as c:
-        emit(cfg, c.get_function(name))
+        emit(c.get_function(name))
 
 
 @functions.command("delete")

@@ -33,7 +33,7 @@ def list_invocations(cfg: Config, function: str | None, status: str | None, limi
 def get_invocation(cfg: Config, invocation_id: str) -> None:
     """Show one invocation: status, timings, exit code, error, stderr tail."""
     with cfg.tenant() as c:
-        emit(cfg, c.get_invocation(invocation_id))
+        emit(c.get_invocation(invocation_id))
 
 
 @invocations.command("output")
@@ -52,4 +52,4 @@ def output(cfg: Config, invocation_id: str) -> None:
 def cancel(cfg: Config, invocation_id: str) -> None:
     """Cancel a queued or running invocation."""
     with cfg.tenant() as c:
-        emit(cfg, c.cancel_invocation(invocation_id))
+        emit(c.cancel_invocation(invocation_id))

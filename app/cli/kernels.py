@@ -23,7 +23,7 @@ def kernels() -> None:
 def put(cfg: Config, name: str, file: Path) -> None:
     """Register FILE (CUDA C++ source) as kernel module NAME, or replace it."""
     with cfg.tenant() as c:
-        emit(cfg, c.put_kernel(name, file.read_text()))
+        emit(c.put_kernel(name, file.read_text()))
 
 
 @kernels.command("list")
@@ -40,7 +40,7 @@ def list_kernels(cfg: Config) -> None:
 def get(cfg: Config, name: str) -> None:
     """Show a kernel module with its source."""
     with cfg.tenant() as c:
-        emit(cfg, c.get_kernel(name))
+        emit(c.get_kernel(name))
 
 
 @kernels.command("delete")

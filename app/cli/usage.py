@@ -12,4 +12,4 @@ from app.cli.context import Config, emit, pass_config
 def usage(cfg: Config) -> None:
     """Quota, counts, running and queued invocations, GPU bytes in use."""
     with cfg.tenant() as c:
-        emit(cfg, c.usage())
+        emit(c.usage())
