@@ -5,7 +5,7 @@
 
 # ---- the application source, shared by both images ---------------------------------------------
 FROM scratch AS src
-COPY pyproject.toml README.md alembic.ini /app/
+COPY pyproject.toml setup.py uv.lock README.md alembic.ini /app/
 COPY app /app/app
 COPY kernels /app/kernels
 COPY migrations /app/migrations
@@ -16,7 +16,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     TENSORWASM_HOST=0.0.0.0 TENSORWASM_PORT=8080 TENSORWASM_DATA_DIR=/var/lib/tensorwasm
 WORKDIR /app
 COPY --from=src /app /app
-RUN pip install --no-cache-dir -e . && useradd --system --uid 10001 tensorwasm \
+# dependencies exactly as locked in uv.lock (hash-checked), then the app itself as a wheel
+RUN pip install --no-cache-dir uv && uv export --frozen --no-emit-project -o /tmp/requirements.txt \
+    && pip install --no-cache-dir --require-hashes -r /tmp/requirements.txt && pip install --no-cache-dir --no-deps . \
+    && pip uninstall -y uv && useradd --system --uid 10001 tensorwasm \
     && mkdir -p /var/lib/tensorwasm && chown tensorwasm /var/lib/tensorwasm
 USER tensorwasm
 EXPOSE 8080
@@ -32,7 +35,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
 WORKDIR /app
 COPY --from=src /app /app
-RUN pip install --no-cache-dir -e '.[gpu]' && useradd --system --uid 10001 tensorwasm \
+RUN pip install --no-cache-dir uv && uv export --frozen --no-emit-project --extra gpu -o /tmp/requirements.txt \
+    && pip install --no-cache-dir --require-hashes -r /tmp/requirements.txt && pip install --no-cache-dir --no-deps . \
+    && pip uninstall -y uv && useradd --system --uid 10001 tensorwasm \
     && mkdir -p /var/lib/tensorwasm && chown tensorwasm /var/lib/tensorwasm
 USER tensorwasm
 EXPOSE 8080

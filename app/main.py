@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from app import __version__
 from app.api.errors import install_error_handlers
@@ -27,6 +28,11 @@ from app.settings import Settings, get_settings
 from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
+
+
+def describe_database(url: str) -> str:
+    """The database URL for the log, its password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 @asynccontextmanager
@@ -65,6 +71,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     recorder.start()
     refresher.start()
     await scheduler.start(wait=True)
+    devices = sorted({str(w.device.get("name")) for w in scheduler.workers if w.device.get("name")})
+    log.info(
+        "serving: backend %s, device(s) %s, database %s",
+        scheduler.backend, ", ".join(devices) or "none", describe_database(settings.resolved_database_url),
+    )
     try:
         yield
     finally:

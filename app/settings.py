@@ -12,8 +12,6 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TENSORWASM_", extra="ignore")
@@ -86,10 +84,6 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.data_dir / "cache"
-
-    @property
-    def kernels_dir(self) -> Path:
-        return REPO_ROOT / "kernels"
 
     def ensure_data_dir(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

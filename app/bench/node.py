@@ -62,7 +62,7 @@ def server(ready_path: str = "/readyz", **env: str) -> Iterator[str]:
             **env,
         }
         full.pop("TENSORWASM_DATABASE_URL", None)
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full)
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full, cwd=data)
         base = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(proc, f"{base}{ready_path}")

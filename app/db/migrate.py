@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from importlib import resources
+
 from alembic import command
 from alembic.config import Config
 
-from app.settings import REPO_ROOT
+
+def script_location() -> str:
+    """The migration scripts: package data of ``app.migrations``, installed or in a checkout."""
+    return str(resources.files("app.migrations"))
 
 
 def alembic_config(database_url: str) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    cfg.set_main_option("script_location", script_location())
     cfg.attributes["database_url"] = database_url
     return cfg
 

@@ -29,7 +29,7 @@ from app.gpu.signatures import (
     Tag,
 )
 from app.runtime.memory import GuestMemory
-from kernels.std_numpy import NON_NEGATIVE, STD
+from app.kernels.std_numpy import NON_NEGATIVE, STD
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import numpy as np
 from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
 from app.gpu.prefault import prefault
 from app.gpu.signatures import Code
-from kernels.std_numpy import STD
+from app.kernels.std_numpy import STD
 
 
 class CpuBackend:

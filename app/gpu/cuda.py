@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+from importlib import resources
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +17,7 @@ import numpy as np
 from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
 from app.gpu.prefault import prefault
 from app.gpu.signatures import FORMAT_PTX, Code
-from app.settings import REPO_ROOT
-from kernels.std_numpy import STD
+from app.kernels.std_numpy import STD
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class CudaBackend:
         self._segments: Segments = _whole  # guest-memory pieces, pinned where the worker allows
         self.compile_hits = 0
         self.compile_misses = 0
-        std_src = (REPO_ROOT / "kernels" / "std.cu").read_text()
+        std_src = resources.files("app.kernels").joinpath("std.cu").read_text()
         self.std = self.cp.RawModule(code=std_src, options=("-std=c++17",))
         self.std.compile()
         # resolved once: looking a function up through RawModule re-keys the whole std source

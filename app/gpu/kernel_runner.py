@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
-from app.settings import REPO_ROOT
-
-SOURCE = REPO_ROOT / "examples" / "kernel_runner.c"
+# The guest is an example, not package data: the GPU benchmark builds it from a checkout (or
+# takes a prebuilt one from TENSORWASM_PREBUILT_GUESTS).
+SOURCE = Path(__file__).resolve().parents[2] / "examples" / "kernel_runner.c"
 
 # flags: prefix stdout with u64 ns of the launches + synchronize (1) / of the whole path (2)
 TIME_LAUNCHES = 1

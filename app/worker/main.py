@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ def _make_backend(kind: str, cache_dir: Path, memory_kind: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C in a terminal reaches the whole process group; the api process shuts workers down
+    # (it closes their pipe), so a worker ignores SIGINT instead of dying with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--cache-dir", required=True)

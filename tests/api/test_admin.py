@@ -81,6 +81,18 @@ async def test_quota_get_put_all_fields(client: httpx.AsyncClient, platform) -> 
     assert q["gpu_memory_bytes"] == platform.settings.default_gpu_memory_bytes
 
 
+async def test_quota_patch_changes_only_the_given_fields(client: httpx.AsyncClient) -> None:
+    tid, _ = await new_tenant(client)
+    await client.put(f"/v1/admin/tenants/{tid}/quota", json=QUOTA, headers=ADMIN)
+    r = await client.patch(f"/v1/admin/tenants/{tid}/quota", json={"timeout_ms": 5000}, headers=ADMIN)
+    assert r.status_code == 200 and r.json() == {**QUOTA, "timeout_ms": 5000}
+    assert (await client.get(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN)).json() == {**QUOTA, "timeout_ms": 5000}
+    r = await client.patch(f"/v1/admin/tenants/{tid}/quota", json={"max_concurrency": 0}, headers=ADMIN)
+    assert r.status_code == 422 and "max_concurrency" in r.json()["error"]["message"]
+    r = await client.patch("/v1/admin/tenants/nope/quota", json={"timeout_ms": 1}, headers=ADMIN)
+    assert r.status_code == 404
+
+
 @pytest.mark.parametrize(
     "field,value",
     [

@@ -5,7 +5,7 @@ import json
 import httpx
 
 from app.main import create_app
-from app.settings import REPO_ROOT
+from tests.helpers import ROOT as REPO_ROOT
 
 
 async def test_healthz_and_readyz(client: httpx.AsyncClient) -> None:

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from kernels.std_numpy import STD
+from app.kernels.std_numpy import STD
 from tests.helpers import ADMIN, deploy, new_tenant
 from tests.gpu.runner import Buf, abi_code, f32, rec_buf, rec_f32, rec_i32, request
 from tests.gpu.std_cases import case

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from kernels.std_numpy import STD
+from app.kernels.std_numpy import STD
 from tests.helpers import ADMIN, deploy, make_settings, new_tenant, running_app
 from tests.gpu.runner import Buf, abi_code, f32, rec_buf, rec_f32, rec_i32, request
 from tests.gpu.std_cases import case

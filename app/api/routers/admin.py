@@ -70,6 +70,15 @@ async def replace_quota(tenant_id: str, body: QuotaUpdate, session: SessionDep, 
     return tenant_out(tenant).quota
 
 
+@router.patch("/tenants/{tenant_id}/quota", operation_id="update_quota", response_model=Quota)
+async def update_quota(tenant_id: str, body: QuotaUpdate, session: SessionDep, platform: PlatformDep) -> Quota:
+    """Change only the fields given; the others keep their values."""
+    tenant = await TenantService(session, platform.settings).update_quota(tenant_id, body)
+    await session.commit()
+    platform.tenant_changed(tenant_id)
+    return tenant_out(tenant).quota
+
+
 @router.post("/tenants/{tenant_id}/api-keys", status_code=201, operation_id="create_api_key", response_model=ApiKeyCreated)
 async def create_api_key(tenant_id: str, session: SessionDep, platform: PlatformDep) -> ApiKeyCreated:
     await TenantService(session, platform.settings).get(tenant_id)

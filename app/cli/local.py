@@ -1,0 +1,110 @@
+"""Commands that act on this node directly: serve, migrate, openapi, bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+
+from app.settings import get_settings
+
+
+@click.command()
+@click.option("--host", help="address to bind (default TENSORWASM_HOST)")
+@click.option("--port", type=int, help="port (default TENSORWASM_PORT)")
+def serve(host: str | None, port: int | None) -> None:
+    """Migrate the database and serve the API."""
+    import uvicorn
+
+    from app.db.migrate import upgrade
+    from app.main import create_app
+    from app.observability.logging import configure_logging
+
+    settings = get_settings()
+    configure_logging(settings)
+    settings.ensure_data_dir()
+    upgrade(settings.resolved_database_url)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host or settings.host,
+        port=port or settings.port,
+        log_level=settings.log_level,
+        log_config=None,  # keep our handler: uvicorn's lines become structured too
+        access_log=False,  # the app's middleware writes access lines (TENSORWASM_ACCESS_LOG)
+    )
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        pass  # uvicorn shut down cleanly on Ctrl-C, then raised the signal again for us
+
+
+@click.command()
+@click.option("--down", is_flag=True, help="downgrade instead (default to base)")
+@click.option("--revision", help="target revision (default head, or base with --down)")
+def migrate(down: bool, revision: str | None) -> None:
+    """Run the database migrations (TENSORWASM_DATABASE_URL, or SQLite in the data dir)."""
+    from app.db.migrate import downgrade, upgrade
+
+    settings = get_settings()
+    settings.ensure_data_dir()
+    target = revision or ("base" if down else "head")
+    (downgrade if down else upgrade)(settings.resolved_database_url, target)
+    click.echo(f"database is at {target}")
+
+
+@click.command()
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("openapi.json"),
+    show_default=True, help="file to write (or to compare with --check)",
+)
+@click.option("--check", is_flag=True, help="fail if the file differs from the app's document")
+def openapi(output: Path, check: bool) -> None:
+    """Write the OpenAPI document of the API (to ./openapi.json by default)."""
+    from app.main import create_app
+
+    text = json.dumps(create_app().openapi(), indent=2, sort_keys=False) + "\n"
+    if check:
+        if not output.exists() or output.read_text() != text:
+            click.echo(f"{output} is stale: run `tensorwasm openapi -o {output}`", err=True)
+            raise SystemExit(1)
+        return
+    output.write_text(text)
+    click.echo(f"wrote {output}")
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks against a real local server."""
+
+
+@bench.command("invoke")
+@click.option("--seconds", type=float, default=5.0, show_default=True, help="Length of each wrk run.")
+@click.option("--processes", type=int, default=0, help="Node and baseline processes (default: min(cores, 8)).")
+@click.option("--workers", type=int, default=8, show_default=True, help="The node's TENSORWASM_MAX_WORKERS.")
+@click.option("--quota-concurrency", type=int, default=8, show_default=True, help="max_concurrency of the tenant that floods.")
+@click.option("--json", "as_json", is_flag=True, help="Also print every wrk result as JSON.")
+def bench_invoke(seconds: float, processes: int, workers: int, quota_concurrency: int, as_json: bool) -> None:
+    """Invoke latency, throughput and goodput under wrk, against a bare FastAPI echo app."""
+    from app.bench.invoke import bench_invoke as run
+
+    args = SimpleNamespace(seconds=seconds, processes=processes, workers=workers, quota_concurrency=quota_concurrency, json=as_json)
+    raise SystemExit(run(args))
+
+
+@bench.command("gpu")
+def bench_gpu() -> None:
+    """Guest GPU paths against raw CuPy (needs a GPU and a checkout's examples)."""
+    from app.gpu.bench import bench_gpu as run
+
+    raise SystemExit(run(SimpleNamespace()))
+
+
+@bench.command("parking")
+@click.option("--rounds", type=int, default=5, show_default=True)
+def bench_parking(rounds: int) -> None:
+    """Parked CUDA contexts (driver checkpoint) against new forked workers (needs a GPU)."""
+    from app.bench.parking import bench_parking as run
+
+    raise SystemExit(run(SimpleNamespace(rounds=rounds)))

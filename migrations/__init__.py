@@ -1,0 +1,1 @@
+"""Alembic migrations (installed as app.migrations; app/db/migrate.py runs them)."""

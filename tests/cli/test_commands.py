@@ -1,0 +1,185 @@
+"""The real `tensorwasm` command line against a real server process, over HTTP only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from app.cli import cli
+from tests.helpers import ADMIN_TOKEN, EXAMPLES, ROOT, ServerProcess, server_process
+
+
+@pytest.fixture(scope="module")
+def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with server_process(tmp_path_factory.mktemp("cli-node"), database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as s:
+        yield s
+
+
+@pytest.fixture
+def tw(node: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
+    """Run `tensorwasm ARGS` in-process from an empty directory; env adds or removes variables."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str, input: bytes | None = None, env: dict[str, str | None] | None = None) -> Result:
+        base: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TENSORWASM_")}
+        base.update(TENSORWASM_URL=node.url, TENSORWASM_ADMIN_TOKEN=ADMIN_TOKEN)
+        base.update(env or {})
+        return CliRunner().invoke(cli, list(args), input=input, env=base, prog_name="tensorwasm")
+
+    return run
+
+
+def name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
+    return result
+
+
+def test_admin_tenant_lifecycle(tw: Callable[..., Result], tmp_path: Path) -> None:
+    t = name()
+    created = json.loads(ok(tw("admin", "create-tenant", t, "--gpu-memory-bytes", "1048576", "--max-concurrency", "2")).stdout)
+    assert created["name"] == t and created["quota"]["gpu_memory_bytes"] == 1048576
+
+    # by name and by id
+    assert json.loads(ok(tw("admin", "get", t)).stdout)["id"] == created["id"]
+    assert json.loads(ok(tw("admin", "get", created["id"])).stdout)["name"] == t
+    assert t in ok(tw("admin", "list")).stdout
+    assert any(x["id"] == created["id"] for x in json.loads(ok(tw("--json", "admin", "list")).stdout))
+
+    # set-quota changes only the fields given; --replace resets the rest to the defaults
+    quota = json.loads(ok(tw("admin", "set-quota", t, "--timeout-ms", "5000")).stdout)
+    assert quota["timeout_ms"] == 5000 and quota["gpu_memory_bytes"] == 1048576 and quota["max_concurrency"] == 2
+    quota = json.loads(ok(tw("admin", "set-quota", t, "--replace", "--timeout-ms", "6000")).stdout)
+    assert quota["timeout_ms"] == 6000 and quota["gpu_memory_bytes"] != 1048576
+    bad = tw("admin", "set-quota", t, "--max-concurrency", "0")
+    assert bad.exit_code == 1 and "validation_error" in bad.stderr and "max_concurrency" in bad.stderr
+    assert tw("admin", "set-quota", t).exit_code == 2  # nothing to change is a usage error
+
+    assert json.loads(ok(tw("admin", "disable", t)).stdout)["disabled"] is True
+    assert json.loads(ok(tw("admin", "enable", t)).stdout)["disabled"] is False
+
+    # create-key prints the key alone on stdout, so `KEY=$(tensorwasm admin create-key T)` works
+    made = ok(tw("admin", "create-key", t))
+    key = made.stdout.strip()
+    assert key.startswith("tw_") and "\n" not in key and "shown only now" in made.stderr
+    keys = json.loads(ok(tw("--json", "admin", "list-keys", t)).stdout)
+    assert len(keys) == 1 and key.startswith(keys[0]["prefix"]) and keys[0]["revoked_at"] is None
+    ok(tw("admin", "revoke-key", t, keys[0]["id"]))
+    assert json.loads(ok(tw("--json", "admin", "list-keys", t)).stdout)[0]["revoked_at"] is not None
+    denied = tw("usage", env={"TENSORWASM_API_KEY": key})
+    assert denied.exit_code == 1 and "unauthorized" in denied.stderr
+
+    workers = ok(tw("admin", "workers")).stdout
+    assert workers.splitlines()[0].split()[:4] == ["ID", "PID", "STATE", "BACKEND"]
+
+    ok(tw("admin", "delete", t, "--yes"))
+    gone = tw("admin", "get", t)
+    assert gone.exit_code == 1 and f"no tenant with the id or name {t!r}" in gone.stderr
+    # nothing of the above touched a database here: no data dir appeared in the working directory
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tenant_commands(tw: Callable[..., Result], tmp_path: Path, c_guest: Callable[[str], bytes]) -> None:
+    t = name()
+    ok(tw("admin", "create-tenant", t))
+    key = {"TENSORWASM_API_KEY": ok(tw("admin", "create-key", t)).stdout.strip()}
+
+    deployed = ok(tw("deploy", "echo", str(EXAMPLES / "echo.wat"), env=key))
+    assert "uploaded echo.wat" in deployed.stderr and "compiling…" in deployed.stderr
+    assert "(new function)" in deployed.stderr and json.loads(deployed.stdout)["version"] == 1
+    assert ok(tw("invoke", "echo", input=b"hello", env=key)).stdout_bytes == b"hello"
+    assert ok(tw("invoke", "echo", "-d", "from a flag", env=key)).stdout_bytes == b"from a flag"
+    assert ok(tw("invoke", "echo", "--stream", input=b"streamed", env=key)).stdout_bytes == b"streamed"
+
+    missing = tw("invoke", "nope", input=b"x", env=key)
+    assert missing.exit_code == 1 and missing.stdout == "" and "function 'nope' not found" in missing.stderr
+
+    hello = tmp_path / "hello.wasm"
+    hello.write_bytes(c_guest("hello.c"))
+    ok(tw("deploy", "hello", str(hello), "--env", "GREETING=hi", "--content-type", "text/plain", "-q", env=key))
+    out = ok(tw("invoke", "hello", "--query", "x=1", input=b"world", env=key)).stdout
+    assert "GREETING=hi" in out and "QUERY_STRING=x=1" in out and "body=world" in out
+    failed = tw("invoke", "hello", input=b"fail", env=key)
+    assert failed.exit_code == 1 and "guest_error" in failed.stderr
+    assert "exit_code: 7" in failed.stderr and "asked to fail" in failed.stderr
+
+    listed = ok(tw("functions", "list", env=key)).stdout
+    assert "echo" in listed and "hello" in listed
+    assert json.loads(ok(tw("functions", "get", "hello", env=key)).stdout)["env"] == {"GREETING": "hi"}
+
+    records = json.loads(ok(tw("--json", "invocations", "list", "--function", "hello", env=key)).stdout)
+    assert {r["status"] for r in records} == {"succeeded", "guest_error"}
+    one = json.loads(ok(tw("invocations", "get", records[0]["id"], env=key)).stdout)
+    assert one["id"] == records[0]["id"] and one["function"] == "hello"
+
+    usage = json.loads(ok(tw("usage", env=key)).stdout)
+    assert usage["tenant"] == t and usage["functions"] == 2
+
+    source = tmp_path / "scale.cu"
+    source.write_text('extern "C" __global__ void scale(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] *= 2.0f; }\n')
+    assert json.loads(ok(tw("kernels", "put", "mine", str(source), env=key)).stdout)["name"] == "mine"
+    assert "mine" in ok(tw("kernels", "list", env=key)).stdout
+    assert "scale" in json.loads(ok(tw("kernels", "get", "mine", env=key)).stdout)["source"]
+    ok(tw("kernels", "delete", "mine", env=key))
+    assert tw("kernels", "get", "mine", env=key).exit_code == 1
+
+    ok(tw("functions", "delete", "echo", env=key))
+    assert "echo" not in ok(tw("functions", "list", env=key)).stdout
+
+
+def test_missing_credentials_are_usage_errors(tw: Callable[..., Result]) -> None:
+    r = tw("usage")
+    assert r.exit_code == 2 and "TENSORWASM_API_KEY" in r.stderr
+    r = tw("admin", "list", env={"TENSORWASM_ADMIN_TOKEN": None, "TENSORWASM_DATA_DIR": "/nonexistent"})
+    assert r.exit_code == 2 and "TENSORWASM_ADMIN_TOKEN" in r.stderr
+
+
+def test_admin_token_from_a_local_data_dir(tw: Callable[..., Result], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "admin_token").write_text(ADMIN_TOKEN + "\n")
+    env: dict[str, str | None] = {"TENSORWASM_ADMIN_TOKEN": None, "TENSORWASM_DATA_DIR": str(data)}
+    assert ok(tw("admin", "list", env=env)).stdout.startswith("ID")
+    # only a server on this machine can have written that file: elsewhere it is not read
+    far = tw("--url", "http://tensorwasm.invalid:8080", "admin", "list", env=env)
+    assert far.exit_code == 2 and "no admin token" in far.stderr
+
+
+def test_unreachable_server(tw: Callable[..., Result]) -> None:
+    r = tw("--url", "http://127.0.0.1:9", "admin", "list")
+    assert r.exit_code == 1 and "cannot reach http://127.0.0.1:9" in r.stderr
+
+
+def test_openapi_writes_where_asked(tw: Callable[..., Result], tmp_path: Path) -> None:
+    out = tmp_path / "doc" / "api.json"
+    out.parent.mkdir()
+    ok(tw("openapi", "-o", str(out)))
+    assert json.loads(out.read_text())["openapi"].startswith("3.")
+    ok(tw("openapi", "--check", "-o", str(out)))
+    assert (ROOT / "openapi.json").read_text() == out.read_text()
+    out.write_text("{}\n")
+    assert tw("openapi", "--check", "-o", str(out)).exit_code == 1
+
+
+def test_shell_completion(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = subprocess.run([sys.executable, "-m", "app.cli", "completion", "bash"], env=env, capture_output=True, text=True, check=True)
+    assert "_TENSORWASM_COMPLETE=bash_complete" in script.stdout
+    # what the script asks for when the user presses TAB after `tensorwasm adm`
+    env.update(_TENSORWASM_COMPLETE="bash_complete", COMP_WORDS="tensorwasm adm", COMP_CWORD="1")
+    done = subprocess.run([sys.executable, "-m", "app.cli"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert "plain,admin" in done.stdout.split()
+    env.update(COMP_WORDS="tensorwasm admin set-quota acme --time", COMP_CWORD="4")
+    done = subprocess.run([sys.executable, "-m", "app.cli"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert "plain,--timeout-ms" in done.stdout.split()

@@ -1,0 +1,41 @@
+"""`tensorwasm serve` as a user runs it: its start-up line and a clean Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+from sqlalchemy.engine import make_url
+
+from tests.helpers import ADMIN, ADMIN_TOKEN, server_process
+
+
+def test_start_line_and_ctrl_c(database_url: str, tmp_path: Path) -> None:
+    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as node:
+        # a call binds a worker, so both kinds of worker (bound and spare) see the Ctrl-C
+        t = httpx.post(f"{node.url}/v1/admin/tenants", json={"name": f"sigint-{tmp_path.name[-8:]}"}, headers=ADMIN).json()
+        key = httpx.post(f"{node.url}/v1/admin/tenants/{t['id']}/api-keys", headers=ADMIN).json()["key"]
+        auth = {"Authorization": f"Bearer {key}"}
+        wat = b'(module (memory (export "memory") 1) (func (export "_start")))'
+        assert httpx.put(f"{node.url}/v1/functions/noop", content=wat, headers={**auth, "Content-Type": "application/wasm"}).status_code == 201
+        assert httpx.post(f"{node.url}/v1/functions/noop/invoke", headers=auth, timeout=30).status_code == 200
+
+        code = node.interrupt()
+        log = node.log()
+    assert code == 0, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    assert "Application shutdown complete" in log
+    shown = make_url(database_url).render_as_string(hide_password=True)
+    (line,) = [x for x in log.splitlines() if "serving: backend" in x]
+    backend = os.environ.get("TENSORWASM_TEST_BACKEND", "cpu")
+    assert f"serving: backend {backend}, device(s) " in line and line.endswith(f", database {shown}")
+    if backend == "cpu":
+        assert "device(s) cpu," in line
+
+
+def test_start_line_hides_the_database_password(tmp_path: Path) -> None:
+    from app.main import describe_database
+
+    shown = describe_database("postgresql+psycopg://tw:s3cret@db.example:5432/tw")
+    assert "s3cret" not in shown and shown == "postgresql+psycopg://tw:***@db.example:5432/tw"
