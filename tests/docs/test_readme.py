@@ -58,17 +58,27 @@ def _section_blocks(title: str) -> list[str] | None:
 
 
 def _commands(block: str) -> list[str]:
-    """Logical shell commands: continuation lines joined, comment-only and blank lines dropped."""
+    """Logical shell commands: continuation lines joined, here-documents kept with the command
+    that opens them, comment-only and blank lines dropped."""
     commands: list[str] = []
     pending = ""
+    heredoc: str | None = None
     for line in block.splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+        if heredoc is None and not pending and (not line.strip() or line.lstrip().startswith("#")):
             continue
         pending += line + "\n"
+        if heredoc is not None:
+            if line.strip() == heredoc:
+                heredoc = None
+            else:
+                continue
+        elif (m := re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)) is not None:
+            heredoc = m.group(1)
+            continue
         if not line.rstrip().endswith("\\"):
             commands.append(pending.rstrip("\n"))
             pending = ""
-    assert not pending, f"a command ends in a continuation: {pending!r}"
+    assert not pending, f"a command ends in a continuation or an open here-document: {pending!r}"
     return commands
 
 
@@ -230,3 +240,8 @@ def test_the_walk_through_runs_as_written(tools: None, tmp_path: Path) -> None:
 def test_blocks_split_into_commands_as_bash_reads_them() -> None:
     block = "# c\nA=1 \\\n  B=2\n\necho x | \\\n  cat   # -> x\n"
     assert _commands(block) == ["A=1 \\\n  B=2", "echo x | \\\n  cat   # -> x"]
+
+
+def test_here_documents_stay_with_their_command() -> None:
+    block = "python3 - <<'EOF'\nprint(1)\n\n# not a comment here\nEOF\necho after\n"
+    assert _commands(block) == ["python3 - <<'EOF'\nprint(1)\n\n# not a comment here\nEOF", "echo after"]
