@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 import uuid
 
 import httpx
@@ -57,15 +56,17 @@ async def test_trap_is_guest_error(client: httpx.AsyncClient) -> None:
     assert err["code"] == "guest_error" and "unreachable" in err["message"]
 
 
-async def test_endless_loop_is_504_then_next_call_fine(client: httpx.AsyncClient) -> None:
+async def test_endless_loop_is_504_then_next_call_fine(client: httpx.AsyncClient, platform) -> None:
     _, key = await new_tenant(client, timeout_ms=500)
     await deploy(client, key, "loop", wat("loop"))
     await deploy(client, key, "echo", wat("echo"))
-    t0 = time.monotonic()
+    killed = platform.scheduler.restarts["hard_timeout"]
     r = await invoke(client, key, "loop")
-    elapsed = time.monotonic() - t0
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
-    assert elapsed < 0.5 + 1.0
+    # stopped inside the worker at the tenant's deadline (epoch interruption), not by the
+    # supervisor's hard deadline: the worker was not killed for it
+    assert "500 ms" in r.json()["error"]["message"]
+    assert platform.scheduler.restarts["hard_timeout"] == killed
     r = await invoke(client, key, "echo", b"still alive")
     assert r.status_code == 200 and r.content == b"still alive"
 
@@ -91,10 +92,8 @@ async def test_stdout_flood_stops_at_the_cap(app_factory) -> None:
         _, key = await new_tenant(client, timeout_ms=20_000)
         await deploy(client, key, "flood", wat("flood"))
         before = _rss_kib(os.getpid())
-        t0 = time.monotonic()
         r = await invoke(client, key, "flood")
         assert r.status_code == 500 and r.json()["error"]["code"] == "output_limit_exceeded"
-        assert time.monotonic() - t0 < 5, "the flood was not stopped at the cap"
         worker = next(w for w in platform.scheduler.workers if w.tenant_id)
         assert _rss_kib(worker.pid) < 200 * 1024
         assert _rss_kib(os.getpid()) - before < 32 * 1024, "the api process buffered the flood"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -163,10 +162,8 @@ async def test_endless_kernel_is_504_and_next_call_fine(gpu, c_guest) -> None:
     client, platform = gpu
     key = await _tenant(client, c_guest, timeout_ms=1000)
     spin = request("spin", [Buf(64)], [rec_buf(0), rec_i32(1)], [0], module=ENDLESS.encode(), kind=1)
-    t0 = time.monotonic()
     r = await run(client, key, spin)
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
-    assert time.monotonic() - t0 < 1.0 + platform.settings.hard_timeout_grace_ms / 1000 + 1.0
     x = np.ones(10, dtype=np.float32)
     r = await run(client, key, request("relu_f32", [Buf(40, f32(-x)), Buf(40)], [rec_buf(0), rec_buf(1), rec_i32(10)], [1]))
     assert r.status_code == 200 and np.frombuffer(r.content, dtype=np.float32).sum() == 0
