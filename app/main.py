@@ -64,7 +64,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     platform.executor = Executor(settings, platform.function_cache, scheduler, metrics, app.state.tracing)
     platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock)
-    platform.queue_runner = QueueRunner(sessionmaker, settings, platform.executor.execute, platform.clock)
+    platform.queue_runner = QueueRunner(
+        sessionmaker, settings, platform.executor.execute, platform.clock, platform.queue.write_lock
+    )
     app.state.platform = platform
     refresher = CacheRefresher(sessionmaker, platform.auth_cache, platform.function_cache, settings.cache_ttl_s, settings.cache_keep_s)
     recorder.start()

@@ -130,6 +130,7 @@ class Invocation(Base):
         Index("ix_invocations_tenant_function_started", "tenant_id", "function", "started_at"),
         Index("ix_invocations_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_invocations_status_created", "status", "created_at"),
+        Index("ix_invocations_tenant_status", "tenant_id", "status"),
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_invocations_tenant_idempotency_key"),
     )
 

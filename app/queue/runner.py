@@ -51,13 +51,14 @@ Execute = Callable[[TenantPrincipal, str, str, bytes, str, str], Awaitable[Execu
 class QueueRunner:
     def __init__(
         self, sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, execute: Execute,
-        clock: Callable[[], datetime],
+        clock: Callable[[], datetime], write_lock: contextlib.AbstractAsyncContextManager[Any] | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.settings = settings
         self.execute = execute
         self.clock = clock
         self.node_id = settings.resolved_node_id
+        self.write_lock = write_lock or contextlib.nullcontext()  # see AsyncInvocations.write_lock
         self.slots = settings.async_concurrency or settings.max_workers
         self.running: dict[str, asyncio.Task[None]] = {}
         self._tenant_of: dict[str, str] = {}
@@ -125,9 +126,9 @@ class QueueRunner:
         room = self.slots - len(self.running)
         if room <= 0 or self._stopping:
             return False
-        now = self.clock()
         per_tenant = Counter(self._tenant_of.values())
-        async with self.sessionmaker() as session:
+        async with self.write_lock, self.sessionmaker() as session:
+            now = self.clock()  # inside the lock: a submit that held it is older than this claim
             quotas = {}
             for tid in per_tenant:
                 t = await TenantRepository(session).get(tid)
@@ -139,7 +140,9 @@ class QueueRunner:
             taken: list[Invocation] = []
             give_back: list[Invocation] = []
             for inv in rows:
-                if per_tenant[inv.tenant_id] >= quotas.setdefault(inv.tenant_id, await self._quota(session, inv.tenant_id)):
+                if inv.tenant_id not in quotas:
+                    quotas[inv.tenant_id] = await self._quota(session, inv.tenant_id)
+                if per_tenant[inv.tenant_id] >= quotas[inv.tenant_id]:
                     give_back.append(inv)
                 else:
                     per_tenant[inv.tenant_id] += 1
@@ -207,7 +210,7 @@ class QueueRunner:
     async def _finish(self, invocation_id: str, values: dict[str, Any]) -> None:
         for attempt in range(5):
             try:
-                async with self.sessionmaker() as session:
+                async with self.write_lock, self.sessionmaker() as session:
                     ok = await InvocationRepository(session).finish(invocation_id, self.node_id, values)
                     await session.commit()
                 if not ok:
@@ -219,15 +222,24 @@ class QueueRunner:
 
     # -- leases and retention -------------------------------------------------------------------
     async def _lease_loop(self) -> None:
+        """Every second while something runs: renew its leases and pick up cancels asked through
+        other nodes. Every third of a lease: end the claims of dead nodes."""
+        tick = min(1.0, self.settings.queue_lease_s / 3)
+        last_check = 0.0
         while True:
-            await asyncio.sleep(min(1.0, self.settings.queue_lease_s / 3))
+            await asyncio.sleep(tick)
+            check = time.monotonic() - last_check >= self.settings.queue_lease_s / 3
+            if not self.running and not check:
+                continue
             try:
                 now = self.clock()
-                async with self.sessionmaker() as session:
+                async with self.write_lock, self.sessionmaker() as session:
                     repo = InvocationRepository(session)
                     cancel = await repo.renew(self.node_id, list(self.running), now + timedelta(seconds=self.settings.queue_lease_s))
-                    expired = await repo.interrupt(now)
+                    expired = await repo.interrupt(now) if check else 0
                     await session.commit()
+                if check:
+                    last_check = time.monotonic()
                 if expired:
                     log.warning("%d async invocations lost their node (lease expired): ended interrupted", expired)
                 for invocation_id in cancel:
@@ -245,7 +257,7 @@ class QueueRunner:
 
     async def sweep(self) -> int:
         """Delete the outputs older than the retention (their records stay)."""
-        async with self.sessionmaker() as session:
+        async with self.write_lock, self.sessionmaker() as session:
             n = await InvocationRepository(session).expire_outputs(self.clock() - timedelta(seconds=self.settings.output_retention_s))
             await session.commit()
         return n

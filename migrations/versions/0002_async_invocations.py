@@ -37,6 +37,7 @@ def upgrade() -> None:
         batch_op.alter_column('created_at', existing_type=sa.DateTime(timezone=True), nullable=False)
         batch_op.create_index('ix_invocations_tenant_created', ['tenant_id', 'created_at', 'id'], unique=False)
         batch_op.create_index('ix_invocations_status_created', ['status', 'created_at'], unique=False)
+        batch_op.create_index('ix_invocations_tenant_status', ['tenant_id', 'status'], unique=False)
         batch_op.create_unique_constraint('uq_invocations_tenant_idempotency_key', ['tenant_id', 'idempotency_key'])
 
 
@@ -45,6 +46,7 @@ def downgrade() -> None:
     op.execute("UPDATE invocations SET duration_ms = 0 WHERE duration_ms IS NULL")
     with op.batch_alter_table('invocations', schema=None) as batch_op:
         batch_op.drop_constraint('uq_invocations_tenant_idempotency_key', type_='unique')
+        batch_op.drop_index('ix_invocations_tenant_status')
         batch_op.drop_index('ix_invocations_status_created')
         batch_op.drop_index('ix_invocations_tenant_created')
         batch_op.alter_column('duration_ms', existing_type=sa.Float(), nullable=False)
