@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from app.db.session import sync_url
+from app.settings import Settings
 from tests.helpers import ADMIN, Node, fresh_database, fresh_postgres_database, wat
 
 
@@ -85,7 +86,7 @@ def test_two_nodes_on_postgres_run_each_invocation_once(tmp_path: Path) -> None:
     try:
         a = Node(url, tmp_path / "a").start()
         b = Node(url, tmp_path / "b").start()
-        name, key = setup_tenant(a, max_concurrency=8)
+        name, key = setup_tenant(a, max_concurrency=8, timeout_ms=60_000)
         n = 40
         ids = {}
         for i in range(n):  # submitted through both nodes; either may claim any of them
@@ -103,6 +104,16 @@ def test_two_nodes_on_postgres_run_each_invocation_once(tmp_path: Path) -> None:
             claims = Counter(row[0] for row in c.execute(text("SELECT claimed_by FROM invocations WHERE mode = 'async'")))
         engine.dispose()
         assert sum(claims.values()) == n and len(claims) == 2, claims  # both nodes took work
+        # a cancel through the node that does not run the call reaches the one that does
+        spin = httpx.post(f"{a.url}/v1/functions/write_then_spin/invocations", headers=key, timeout=10).json()["id"]
+        wait_for(a, key, spin, "running")
+        engine = create_engine(sync_url(url))
+        with engine.connect() as c:
+            runner = c.execute(text("SELECT claimed_by FROM invocations WHERE id = :i"), {"i": spin}).scalar()
+        engine.dispose()
+        other = b if runner == Settings(data_dir=tmp_path / "a").resolved_node_id else a
+        r = httpx.post(f"{other.url}/v1/invocations/{spin}/cancel", headers=key, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
     finally:
         for node in (a, b):
             if node is not None:
