@@ -62,6 +62,7 @@ class QueueRunner:
         self.slots = settings.async_concurrency or settings.max_workers
         self.running: dict[str, asyncio.Task[None]] = {}
         self._tenant_of: dict[str, str] = {}
+        self._principals: dict[str, tuple[float, TenantPrincipal | None]] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -127,12 +128,9 @@ class QueueRunner:
         if room <= 0 or self._stopping:
             return False
         per_tenant = Counter(self._tenant_of.values())
+        quotas = {tid: await self._limit(tid) for tid in per_tenant}
         async with self.write_lock, self.sessionmaker() as session:
             now = self.clock()  # inside the lock: a submit that held it is older than this claim
-            quotas = {}
-            for tid in per_tenant:
-                t = await TenantRepository(session).get(tid)
-                quotas[tid] = t.max_concurrency if t else 0
             full = [tid for tid, n in per_tenant.items() if n >= quotas[tid]]
             repo = InvocationRepository(session)
             rows = await repo.claim(self.node_id, now, now + timedelta(seconds=self.settings.queue_lease_s), room, full)
@@ -141,7 +139,7 @@ class QueueRunner:
             give_back: list[Invocation] = []
             for inv in rows:
                 if inv.tenant_id not in quotas:
-                    quotas[inv.tenant_id] = await self._quota(session, inv.tenant_id)
+                    quotas[inv.tenant_id] = await self._limit(inv.tenant_id)
                 if per_tenant[inv.tenant_id] >= quotas[inv.tenant_id]:
                     give_back.append(inv)
                 else:
@@ -154,9 +152,22 @@ class QueueRunner:
             self._launch(inv, now)
         return bool(taken) and not give_back
 
-    async def _quota(self, session: AsyncSession, tenant_id: str) -> int:
-        t = await TenantRepository(session).get(tenant_id)
-        return t.max_concurrency if t else 0
+    async def _principal(self, tenant_id: str) -> TenantPrincipal | None:
+        """The tenant and its quota, cached like the api's auth cache (changes apply within its TTL)."""
+        hit = self._principals.get(tenant_id)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        async with self.sessionmaker() as session:
+            t = await TenantRepository(session).get(tenant_id)
+        p = TenantPrincipal.of(t) if t is not None else None
+        self._principals[tenant_id] = (time.monotonic() + self.settings.cache_ttl_s, p)
+        if len(self._principals) > 10_000:
+            self._principals.clear()
+        return p
+
+    async def _limit(self, tenant_id: str) -> int:
+        p = await self._principal(tenant_id)
+        return p.quota.max_concurrency if p else 0
 
     def _launch(self, inv: Invocation, now: datetime) -> None:
         created = inv.created_at if inv.created_at.tzinfo else inv.created_at.replace(tzinfo=now.tzinfo)
@@ -179,11 +190,9 @@ class QueueRunner:
         values: dict[str, Any]
         t0 = time.perf_counter()
         try:
-            async with self.sessionmaker() as session:
-                tenant = await TenantRepository(session).get(inv.tenant_id)
-            if tenant is None:
+            principal = await self._principal(inv.tenant_id)
+            if principal is None:
                 return  # deleted: its invocations went with it
-            principal = TenantPrincipal.of(tenant)
             while True:
                 try:
                     ex = await self.execute(principal, inv.function, inv.id, inv.input or b"", inv.query_string or "", inv.request_content_type or "")
