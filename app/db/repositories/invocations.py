@@ -84,9 +84,13 @@ class InvocationRepository:
 
     async def insert_many(self, rows: list[dict[str, Any]]) -> None:
         """Batch insert from the recorder (rows already carry their tenant_id)."""
-        if rows:
-            # Core executemany: the ORM bulk path costs ~10x more per row
-            await self.session.execute(insert(Invocation.__table__), rows)
+        # Core executemany (the ORM bulk path costs ~10x more per row), one per shape of row:
+        # records of synchronous and streamed calls carry different columns
+        groups: dict[frozenset[str], list[dict[str, Any]]] = {}
+        for row in rows:
+            groups.setdefault(frozenset(row), []).append(row)
+        for group in groups.values():
+            await self.session.execute(insert(Invocation.__table__), group)
 
     # -- the queue (node-wide, no tenant scope) ---------------------------------------------------
     async def claim(
