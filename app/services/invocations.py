@@ -9,8 +9,8 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.kernels import KernelRepository
 from app.db.models import Function
 from app.observability import context as ctx
-from app.queue.states import InvocationMode, InvocationStatus
+from app.queue.states import InvocationStatus
 from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
 from app.runtime.compiler import ModuleCompiler
@@ -423,23 +423,6 @@ class Execution:
     error: str | None = None
     stdout: bytes = b""
     stderr_tail: str | None = None
-
-    def record(self, invocation_id: str, tenant_id: str, function: str, mode: InvocationMode) -> dict[str, Any]:
-        return {
-            "id": invocation_id,
-            "tenant_id": tenant_id,
-            "function": function,
-            "version": self.version,
-            "mode": mode.value,
-            "status": self.status.value,
-            "created_at": self.started_at,
-            "started_at": self.started_at,
-            "ended_at": datetime.now(timezone.utc),
-            "duration_ms": self.duration_ms,
-            "exit_code": self.exit_code,
-            "error": self.error,
-            "stderr_tail": self.stderr_tail,
-        }
 
 
 class Executor:

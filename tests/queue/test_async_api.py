@@ -178,7 +178,7 @@ async def test_output_expires_after_retention_and_sweep(client: httpx.AsyncClien
     await deploy(client, key, "echo", wat("echo"))
     inv = (await submit(client, key, "echo", b"keep me")).json()["id"]
     await wait_status(client, key, inv, "succeeded")
-    later = lambda: utcnow() + timedelta(seconds=platform.settings.output_retention_s + 1)  # noqa: E731
+    later = lambda: utcnow() + timedelta(seconds=platform.settings.output_retention_s + 1)
     real_q, real_r = platform.queue.clock, platform.queue_runner.clock
     platform.queue.clock = later
     try:
