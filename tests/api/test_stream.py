@@ -30,7 +30,7 @@ def tenant(node: Node, **quota: int) -> dict[str, str]:
         r = c.post("/v1/admin/tenants", json={"name": f"s-{uuid.uuid4().hex[:10]}", "quota": quota}, headers=ADMIN)
         tid = r.json()["id"]
         key = {"Authorization": f"Bearer {c.post(f'/v1/admin/tenants/{tid}/api-keys', headers=ADMIN).json()['key']}"}
-        for name in ("write_then_spin", "utf8_lines", "exit3"):
+        for name in ("write_then_spin", "utf8_lines", "exit3", "flood"):
             r = c.put(f"/v1/functions/{name}", content=wat(name), headers={**key, "Content-Type": "application/wasm"})
             assert r.status_code == 201, r.text
     return key
@@ -108,6 +108,18 @@ def test_first_line_arrives_while_guest_runs_and_disconnect_cancels(node: Node) 
     # the worker was freed: the tenant (max_concurrency 1) runs its next call at once
     r = httpx.post(f"{node.url}/v1/functions/utf8_lines/invoke", headers=key, timeout=60)
     assert r.status_code == 200 and r.text == "héllo\nwörld\n"
+
+
+def test_stdout_cap_applies_to_a_stream(node: Node) -> None:
+    key = tenant(node)
+    total = 0
+    with httpx.stream("POST", f"{node.url}/v1/functions/flood/invoke", params={"stream": "raw"}, headers=key, timeout=60) as r:
+        inv = r.headers["x-invocation-id"]
+        for chunk in r.iter_raw():
+            total += len(chunk)
+    assert total <= 16 * 1024 * 1024  # the default cap; the write that crossed it was not sent
+    rec = record(node, key, inv, "output_limit")
+    assert "limit" in rec["error"]
 
 
 def test_stream_of_unknown_function_is_404_json(node: Node) -> None:
