@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 
 from app import __version__
 from app.api.errors import install_error_handlers
-from app.api.routers import admin, functions, health, invocations, invoke, kernels, usage
+from app.api.routers import admin, async_invoke, functions, health, invocations, invoke, kernels, usage
 from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
@@ -20,7 +20,9 @@ from app.runtime.compiler import ModuleCompiler
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
-from app.services.invocations import FunctionCache, InvocationRecorder
+from app.queue.runner import QueueRunner
+from app.queue.service import AsyncInvocations
+from app.services.invocations import Executor, FunctionCache, InvocationRecorder
 from app.observability.metrics import Metrics
 from app.observability.middleware import ObservabilityMiddleware
 from app.observability.tracing import Tracing
@@ -66,6 +68,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics=metrics,
         tracing=app.state.tracing,
     )
+    platform.executor = Executor(settings, platform.function_cache, scheduler, metrics, app.state.tracing)
+    platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock)
+    platform.queue_runner = QueueRunner(
+        sessionmaker, settings, platform.executor.execute, platform.clock, platform.queue.write_lock
+    )
     app.state.platform = platform
     refresher = CacheRefresher(sessionmaker, platform.auth_cache, platform.function_cache, settings.cache_ttl_s, settings.cache_keep_s)
     recorder.start()
@@ -76,9 +83,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         "serving: backend %s, device(s) %s, database %s",
         scheduler.backend, ", ".join(devices) or "none", describe_database(settings.resolved_database_url),
     )
+    await platform.queue_runner.start()
     try:
         yield
     finally:
+        await platform.queue_runner.stop()
         await refresher.stop()
         await recorder.stop()
         await scheduler.stop()
@@ -99,7 +108,7 @@ def create_app(settings: Settings | None = None, span_exporter: SpanExporter | N
     app.state.tracing = Tracing(settings, span_exporter)
     install_error_handlers(app)
     # the invoke route right after the health routes: routes are matched in order
-    for r in (health.router, invoke.router, admin.router, functions.router, invocations.router, kernels.router, usage.router):
+    for r in (health.router, invoke.router, admin.router, functions.router, async_invoke.router, invocations.router, kernels.router, usage.router):
         app.include_router(r)
     app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
     app.state.tracing.instrument(app)

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from app.observability.metrics import Metrics
     from app.observability.tracing import Tracing
     from app.scheduler.scheduler import Scheduler
-    from app.services.invocations import InvocationRecorder, FunctionCache
+    from app.queue.runner import QueueRunner
+    from app.queue.service import AsyncInvocations
+    from app.services.invocations import Executor, InvocationRecorder, FunctionCache
 
 
 @dataclass
@@ -34,6 +36,9 @@ class Platform:
     metrics: "Metrics"
     tracing: "Tracing"
     clock: Callable[[], datetime] = field(default=utcnow)
+    executor: "Executor" = field(default=None)  # type: ignore[assignment]  # runs one call (async, stream)
+    queue: "AsyncInvocations" = field(default=None)  # type: ignore[assignment]  # submit/cancel/output
+    queue_runner: "QueueRunner" = field(default=None)  # type: ignore[assignment]  # drains the queue
 
     def tenant_changed(self, tenant_id: str) -> None:
         """Drop everything cached about a tenant after an admin change on this node."""

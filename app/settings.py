@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     default_max_module_bytes: int = 16 * 1024 * 1024
     default_wasm_memory_bytes: int = 256 * 1024 * 1024
     default_timeout_ms: int = 10_000
+    default_max_queued: int = 1000
 
     # --- execution -------------------------------------------------------------------------
     backend: Literal["auto", "cpu", "cuda"] = "auto"
@@ -71,6 +72,24 @@ class Settings(BaseSettings):
     max_buffers_per_instance: int = 1024
     max_modules_per_instance: int = 64
 
+    # --- async invocations and streaming ---------------------------------------------------
+    # How long the stored output of an async invocation is kept after it ended (then 410).
+    output_retention_s: float = 86_400.0
+    # An Idempotency-Key repeated within this window returns the same invocation.
+    idempotency_window_s: float = 86_400.0
+    # This node's name in `claimed_by`; default: derived from the host name and the data dir, so
+    # a node restarted on the same data dir finds the work it was running when it died.
+    node_id: str | None = None
+    # Async invocations this node runs at once (each still under its tenant's quotas); 0 = max_workers.
+    async_concurrency: int = 0
+    # A claimed invocation's lease; the running node renews it every third of this. A lease
+    # expired on a shared database means its node died: the invocation ends `interrupted`.
+    queue_lease_s: float = 15.0
+    # How often a node looks for queued work submitted through other nodes.
+    queue_poll_s: float = 0.25
+    # How often outputs past the retention and expired leases are swept.
+    queue_sweep_s: float = 60.0
+
     # --- invocation records ----------------------------------------------------------------
     record_flush_interval_s: float = 0.2
     record_batch_size: int = 500
@@ -80,6 +99,16 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'tensorwasm.db').resolve()}"
+
+    @property
+    def resolved_node_id(self) -> str:
+        if self.node_id:
+            return self.node_id
+        import hashlib
+        import socket
+
+        digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
+        return f"{socket.gethostname()[:40]}-{digest}"
 
     @property
     def cache_dir(self) -> Path:

@@ -125,7 +125,7 @@ class ServerProcess:
         return self.proc.wait(timeout=60)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -142,7 +142,7 @@ def server_process(
 ) -> Iterator[ServerProcess]:
     """Start `tensorwasm serve` (or ``command``) on a free port and wait for /readyz; an
     ``env`` value of None removes that variable."""
-    port = _free_port()
+    port = free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWASM_")}
     full.update(
         TENSORWASM_DATA_DIR=str(data_dir),
@@ -186,3 +186,60 @@ def server_process(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+def fresh_database(tmp_path: Path) -> tuple[str, Callable[[], None]]:
+    """An empty database of the kind the suite runs on (PostgreSQL when configured)."""
+    pg = os.environ.get("TENSORWASM_TEST_DATABASE_URL")
+    if pg:
+        return fresh_postgres_database(pg)
+    return f"sqlite:///{tmp_path / f'node-{uuid.uuid4().hex[:6]}.db'}", lambda: None
+
+
+class Node:
+    """A real `tensorwasm serve` process (CPU backend) on a free port."""
+
+    def __init__(self, database_url: str, data_dir: Path, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "TENSORWASM_DATABASE_URL": database_url,
+            "TENSORWASM_DATA_DIR": str(data_dir),
+            "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN,
+            "TENSORWASM_BACKEND": "cpu",
+            "TENSORWASM_HOST": "127.0.0.1",
+            "TENSORWASM_PORT": str(self.port),
+            "TENSORWASM_LOG_LEVEL": "warning",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60) -> "Node":
+        import time
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=self.env, cwd=ROOT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "the node exited during start"
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("the node did not become ready")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.queue.states import InvocationMode, InvocationStatus
+
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,63}$"
 
 
@@ -22,6 +24,7 @@ class Quota(BaseModel):
     max_module_bytes: int = Field(ge=8, description="size of one uploaded module")
     wasm_memory_bytes: int = Field(ge=65536, description="linear memory one instance may grow to")
     timeout_ms: int = Field(ge=1, le=3_600_000, description="wall-clock limit of one invocation")
+    max_queued: int = Field(ge=0, le=1_000_000, description="async invocations accepted and not yet started (global)")
 
 
 class QuotaUpdate(BaseModel):
@@ -34,6 +37,7 @@ class QuotaUpdate(BaseModel):
     max_module_bytes: int | None = Field(default=None, ge=8)
     wasm_memory_bytes: int | None = Field(default=None, ge=65536)
     timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
+    max_queued: int | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class TenantCreate(BaseModel):
@@ -98,12 +102,20 @@ class InvocationOut(BaseModel):
     id: str
     function: str
     version: int | None
-    status: str
-    started_at: datetime
-    duration_ms: float
+    mode: InvocationMode
+    status: InvocationStatus
+    created_at: datetime = Field(description="when it was received (async: queued)")
+    started_at: datetime | None = Field(description="when it started running; null while queued")
+    ended_at: datetime | None
+    duration_ms: float | None
     exit_code: int | None
     error: str | None
     stderr_tail: str | None
+
+
+class InvocationPage(BaseModel):
+    items: list[InvocationOut]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
 
 
 class KernelOut(BaseModel):
@@ -135,6 +147,8 @@ class UsageOut(BaseModel):
     kernels: int
     running: int
     queued: int
+    async_queued: int = Field(description="async invocations accepted and not yet started (all nodes)")
+    async_running: int = Field(description="async invocations running (all nodes)")
     workers: int
     gpu_bytes_in_use: int
 

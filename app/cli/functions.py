@@ -68,26 +68,48 @@ def deploy(cfg: Config, name: str, file: Path, env: tuple[str, ...], content_typ
 @click.option("-d", "--data", help="stdin for the guest (default: this command's stdin)")
 @click.option("--query", "query", multiple=True, metavar="KEY=VALUE", help="query parameter passed to the guest (repeatable)")
 @click.option("--stream", is_flag=True, help="write the guest's output as it is produced")
-@click.option("--async", "run_async", is_flag=True, help="queue the invocation; print its record")
+@click.option("--async", "run_async", is_flag=True, help="queue the invocation and print its id")
+@click.option("--wait", is_flag=True, help="with --async: wait for the end and write the output")
+@click.option("--idempotency-key", help="with --async: the same key within 24 h returns the same invocation")
 @pass_config
-def invoke(cfg: Config, name: str, data: str | None, query: tuple[str, ...], stream: bool, run_async: bool) -> None:
+def invoke(
+    cfg: Config, name: str, data: str | None, query: tuple[str, ...], stream: bool, run_async: bool, wait: bool, idempotency_key: str | None
+) -> None:
     """Run function NAME: stdin goes to the guest, its stdout comes back on stdout."""
+    if (wait or idempotency_key) and not run_async:
+        raise click.UsageError("--wait and --idempotency-key go with --async")
     body = data.encode() if data is not None else stdin_bytes()
     params = _pairs(query, "--query")
     out = sys.stdout.buffer
     with cfg.tenant() as c:
         if run_async:
-            record = c.submit(name, body, query=params)
-            status(f"queued invocation {record.id}: `tensorwasm invocations get {record.id}`")
-            emit(record)
+            record = c.submit(name, body, query=params, idempotency_key=idempotency_key)
+            if not wait:
+                click.echo(record.id)
+                return
+            status(f"queued invocation {record.id}")
+            record = c.wait(record.id, on_status=lambda r: status(str(r.status)))
+            _ended(record.id, record.status, record.error, c.invocation_output(record.id))
         elif stream:
-            with c.invoke_stream(name, body, query=params) as chunks:
-                for chunk in chunks:
-                    out.write(chunk)
+            for event in c.invoke_events(name, body, query=params):
+                if event.event == "output":
+                    out.write(event.data.encode())
                     out.flush()
+                elif event.outcome is not None:
+                    end = event.outcome
+                    _ended(str(end.get("invocation_id")), str(end.get("status")), end.get("error"), b"")
         else:
             out.write(c.invoke(name, body, query=params).output)
             out.flush()
+
+
+def _ended(invocation_id: str, outcome: str, error: object, output: bytes) -> None:
+    """Write a finished invocation's output; exit 1 with its error unless it succeeded."""
+    sys.stdout.buffer.write(output)
+    sys.stdout.flush()
+    if outcome != "succeeded":
+        click.echo(f"error: invocation {invocation_id} ended {outcome}: {error}", err=True)
+        raise SystemExit(1)
 
 
 @click.group()

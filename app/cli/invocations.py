@@ -20,11 +20,15 @@ def invocations() -> None:
 @click.option("--function", help="only this function's invocations")
 @click.option("--status", help="only invocations in this status (e.g. guest_error)")
 @click.option("--limit", type=click.IntRange(1, 1000), help="at most this many, newest first")
+@click.option("--cursor", help="the next page: the cursor the previous page printed")
 @pass_config
-def list_invocations(cfg: Config, function: str | None, status: str | None, limit: int | None) -> None:
-    """List recent invocations."""
+def list_invocations(cfg: Config, function: str | None, status: str | None, limit: int | None, cursor: str | None) -> None:
+    """List recent invocations, a page at a time."""
     with cfg.tenant() as c:
-        emit_table(cfg, c.list_invocations(function=function, status=status, limit=limit), INVOCATION_COLUMNS)
+        page = c.list_invocations(function=function, status=status, limit=limit, cursor=cursor)
+    emit_table(cfg, page.items, INVOCATION_COLUMNS)
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}", err=True)
 
 
 @invocations.command("get")

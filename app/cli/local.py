@@ -108,3 +108,12 @@ def bench_parking(rounds: int) -> None:
     from app.bench.parking import bench_parking as run
 
     raise SystemExit(run(SimpleNamespace(rounds=rounds)))
+
+
+@bench.command("async", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_async(args: tuple[str, ...]) -> None:
+    """Async submit-to-start latency, queue throughput and stream delay (--help for its options)."""
+    from app.bench.async_queue import main as run
+
+    raise SystemExit(run(list(args)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -9,11 +11,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from app.api.schemas import FunctionOut, InvocationOut, KernelOut, UsageOut
+from app.api.schemas import FunctionOut, InvocationOut, InvocationPage, KernelOut, UsageOut
 from app.client.base import BaseClient, segment
 
 _functions = TypeAdapter(list[FunctionOut])
-_invocations = TypeAdapter(list[InvocationOut])
 _kernels = TypeAdapter(list[KernelOut])
 
 UPLOAD_CHUNK = 256 * 1024
@@ -21,6 +22,13 @@ UPLOAD_CHUNK = 256 * 1024
 # (bytes sent, bytes in all); called after every chunk, the last call when the upload is done
 Progress = Callable[[int, int], None]
 Query = Mapping[str, str] | Sequence[tuple[str, str]] | None
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    event: str  # "output" (data: stdout text) or "end" (outcome: invocation_id, status, exit_code, error)
+    data: str
+    outcome: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,27 @@ class TensorWasmClient(BaseClient):
         finally:
             response.close()
 
+    def invoke_events(self, name: str, data: bytes = b"", *, query: Query = None) -> Iterator[StreamEvent]:
+        """Run the function as a server-sent event stream: its stdout as UTF-8 text while the
+        guest writes it, then one ``end`` event with the invocation's outcome."""
+        request = self._http.build_request(
+            "POST", f"/v1/functions/{segment(name)}/invoke", content=data, params=query, headers={"Accept": "text/event-stream"}
+        )
+        response = self._send(request, stream=True)
+        try:
+            event, lines = None, []
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[len("event: "):]
+                elif line.startswith("data: "):
+                    lines.append(line[len("data: "):])
+                elif line == "" and event is not None:
+                    text = "\n".join(lines)
+                    yield StreamEvent(event, text, json.loads(text) if event == "end" else None)
+                    event, lines = None, []
+        finally:
+            response.close()
+
     def submit(self, name: str, data: bytes = b"", *, idempotency_key: str | None = None, query: Query = None) -> InvocationOut:
         """Queue an asynchronous invocation; returns its record (status ``queued``)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
@@ -109,10 +138,24 @@ class TensorWasmClient(BaseClient):
 
     # -- invocation records -----------------------------------------------------------------
     def list_invocations(
-        self, *, function: str | None = None, status: str | None = None, limit: int | None = None
-    ) -> list[InvocationOut]:
-        params: dict[str, Any] = {k: v for k, v in {"function": function, "status": status, "limit": limit}.items() if v is not None}
-        return _invocations.validate_python(self._request("GET", "/v1/invocations", params=params).json())
+        self, *, function: str | None = None, status: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> InvocationPage:
+        """One page, newest first; pass the page's ``next_cursor`` as ``cursor`` for the next."""
+        given = {"function": function, "status": status, "limit": limit, "cursor": cursor}
+        params: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        return InvocationPage.model_validate(self._request("GET", "/v1/invocations", params=params).json())
+
+    def wait(self, invocation_id: str, *, poll_s: float = 0.25, on_status: Callable[[InvocationOut], None] | None = None) -> InvocationOut:
+        """Poll an invocation until it has ended; `on_status` sees each new status."""
+        seen = None
+        while True:
+            record = self.get_invocation(invocation_id)
+            if record.status != seen and on_status is not None:
+                on_status(record)
+            seen = record.status
+            if record.status.ended:
+                return record
+            time.sleep(poll_s)
 
     def get_invocation(self, invocation_id: str) -> InvocationOut:
         return InvocationOut.model_validate(self._request("GET", f"/v1/invocations/{segment(invocation_id)}").json())

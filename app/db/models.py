@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.sql.expression import false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -57,6 +58,7 @@ class Tenant(Base):
     max_module_bytes: Mapped[int] = mapped_column(BigInteger)
     wasm_memory_bytes: Mapped[int] = mapped_column(BigInteger)
     timeout_ms: Mapped[int] = mapped_column(Integer)
+    max_queued: Mapped[int] = mapped_column(Integer, server_default="1000")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
@@ -124,15 +126,35 @@ class Kernel(Base):
 
 class Invocation(Base):
     __tablename__ = "invocations"
-    __table_args__ = (Index("ix_invocations_tenant_function_started", "tenant_id", "function", "started_at"),)
+    __table_args__ = (
+        Index("ix_invocations_tenant_function_started", "tenant_id", "function", "started_at"),
+        Index("ix_invocations_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_invocations_status_created", "status", "created_at"),
+        Index("ix_invocations_tenant_status", "tenant_id", "status"),
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_invocations_tenant_idempotency_key"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     function: Mapped[str] = mapped_column(String(63))
     version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    mode: Mapped[str] = mapped_column(String(16), default="sync", server_default="sync")
     status: Mapped[str] = mapped_column(String(32))
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    duration_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # async invocations only: the request, kept until it ran; the output, kept for the retention
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    query_string: Mapped[str | None] = mapped_column(Text, nullable=True)
+    request_content_type: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    input: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    output: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    content_type: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # the node running it, its lease (renewed while it runs) and a cancel asked from any node
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -55,6 +56,7 @@ class RunRequest:
     stderr_limit: int
     kernels: dict[str, str] | None = None
     traceparent: str | None = None
+    stream: bool = False  # stdout goes to the runner's `on_stdout` as written, not into the result
 
 
 @dataclass
@@ -70,19 +72,29 @@ class RunResult:
 
 
 class _Sink:
-    __slots__ = ("buf", "limit", "tail_only")
+    __slots__ = ("buf", "limit", "tail_only", "emit", "sent")
 
     def __init__(self) -> None:
         self.buf = bytearray()
         self.limit = 0
         self.tail_only = False
+        self.emit: Callable[[bytes], None] | None = None
+        self.sent = 0
 
-    def reset(self, limit: int, tail_only: bool) -> None:
+    def reset(self, limit: int, tail_only: bool, emit: Callable[[bytes], None] | None = None) -> None:
         self.buf = bytearray()
         self.limit = limit
         self.tail_only = tail_only
+        self.emit = emit
+        self.sent = 0
 
     def write(self, data: bytes) -> None:
+        if self.emit is not None:  # streamed: each write leaves at once, only its size is kept
+            self.sent += len(data)
+            if self.sent > self.limit:
+                raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
+            self.emit(data)
+            return
         self.buf += data
         if len(self.buf) > self.limit:
             if self.tail_only:
@@ -133,6 +145,7 @@ class GuestRunner:
         self._stdout = _Sink()
         self._stderr = _Sink()
         self._stdin_fd, self._stdin_path = _memfd()
+        self.on_stdout: Callable[[bytes], None] | None = None  # where a streamed call's stdout goes
         _Ticker(engine, tick_ms / 1000).start()
 
     # -- module cache -------------------------------------------------------------------------
@@ -192,7 +205,7 @@ class GuestRunner:
         if stdin:
             os.ftruncate(self._stdin_fd, 0)
             os.pwrite(self._stdin_fd, stdin, 0)
-        self._stdout.reset(req.stdout_limit, tail_only=False)
+        self._stdout.reset(req.stdout_limit, tail_only=False, emit=self.on_stdout if req.stream else None)
         self._stderr.reset(req.stderr_limit, tail_only=True)
         result = RunResult(status="ok")
         spans = SpanRecorder({"tensorwasm.function": req.function, "tensorwasm.invocation_id": req.invocation_id}) if req.traceparent else None

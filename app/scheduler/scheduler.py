@@ -318,8 +318,11 @@ class Scheduler:
 
     # -- the call -----------------------------------------------------------------------------
     async def run(
-        self, principal: TenantPrincipal, header: dict[str, Any], body: bytes, hard_timeout_s: float, kernels: KernelSet
+        self, principal: TenantPrincipal, header: dict[str, Any], body: bytes, hard_timeout_s: float, kernels: KernelSet,
+        on_chunk: Callable[[bytes], None] | None = None,
     ) -> tuple[dict[str, Any], bytes, WorkerHandle]:
+        """Run one call on a worker of the tenant. With `on_chunk` (and `stream` in the header)
+        the guest's stdout arrives there as written. Cancelling the caller kills the worker."""
         self.check_rate(principal)
         ts = self._tenant(principal)
         await self._enter(ts)
@@ -330,7 +333,7 @@ class Scheduler:
                 header = {**header, "kernels": kernels.sources}
             try:
                 async with asyncio.timeout(hard_timeout_s):  # no extra task, unlike wait_for
-                    reply, out = await w.request(header, body)
+                    reply, out = await w.request(header, body, on_chunk)
             except TimeoutError:
                 self._retire(w, "hard_timeout")
                 raise HardTimeout() from None

@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.kernels import KernelRepository
 from app.db.models import Function
 from app.observability import context as ctx
+from app.queue.states import InvocationStatus
 from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
 from app.runtime.compiler import ModuleCompiler
@@ -346,6 +348,7 @@ class InvokeService:
             "tenant_id": tenant.id,
             "function": name,
             "version": meta.version,
+            "created_at": started,
             "started_at": started,
             "exit_code": None,
             "stderr_tail": None,
@@ -405,3 +408,87 @@ class InvokeService:
             stderr_tail=stderr,
         )
         self.recorder.record(record)
+
+
+@dataclass
+class Execution:
+    """How one run ended, for the async runner and the streaming route (no HTTP in it)."""
+
+    status: InvocationStatus
+    version: int
+    content_type: str
+    started_at: datetime
+    duration_ms: float
+    exit_code: int | None = None
+    error: str | None = None
+    stdout: bytes = b""
+    stderr_tail: str | None = None
+
+
+class Executor:
+    """Runs one invocation through the scheduler's `run` and maps its reply to an Execution.
+
+    Rejected and NoCapacity pass through (the caller decides: 429/503 for a client, a later
+    retry for queued work); cancelling the caller kills the guest's worker (the scheduler's rule).
+    """
+
+    def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, metrics: Metrics, tracing: Tracing) -> None:
+        self.settings = settings
+        self.functions = functions
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.tracing = tracing
+
+    async def execute(
+        self, tenant: TenantPrincipal, name: str, invocation_id: str, body: bytes, query: str, content_type: str,
+        on_chunk: Callable[[bytes], None] | None = None,
+    ) -> Execution:
+        meta, kernels = await self.functions.lookup(tenant.id, name)
+        timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
+        env = dict(meta.env)
+        env.update(TW_FUNCTION=name, TW_INVOCATION_ID=invocation_id, TW_TENANT=tenant.name, QUERY_STRING=query, CONTENT_TYPE=content_type)
+        header: dict[str, Any] = {
+            "op": "run",
+            "invocation_id": invocation_id,
+            "function": name,
+            "sha256": meta.sha256,
+            "env": env,
+            "timeout_ms": timeout_ms,
+            "wasm_memory_bytes": tenant.quota.wasm_memory_bytes,
+            "stdout_limit": self.settings.stdout_limit_bytes,
+            "stderr_limit": self.settings.stderr_tail_bytes,
+        }
+        if on_chunk is not None:
+            header["stream"] = True
+        started = datetime.now(timezone.utc)
+        t0 = time.perf_counter()
+        hard_timeout = (timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
+
+        def ended(status: InvocationStatus, **kw: Any) -> Execution:
+            seconds = time.perf_counter() - t0
+            self.metrics.invocation(tenant.name, name, status.value, seconds, kw.pop("host", None))
+            return Execution(status, meta.version, meta.content_type, started, seconds * 1000, **kw)
+
+        try:
+            with self.tracing.span("scheduler.run", {"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
+                traceparent = self.tracing.traceparent()
+                if traceparent:
+                    header["traceparent"] = traceparent
+                reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels, on_chunk=on_chunk)
+                self.tracing.emit_worker_spans(traceparent, reply.get("spans") or [])
+        except HardTimeout:
+            msg = f"the invocation exceeded its time limit of {timeout_ms} ms and its worker was replaced"
+            return ended(InvocationStatus.TIMEOUT, error=msg)
+        except WorkerCrashed:
+            return ended(InvocationStatus.WORKER_CRASHED, error="the worker running this invocation crashed; it has been replaced")
+        stdout_len = int(reply.get("stdout_len", 0))
+        stdout, stderr = out[:stdout_len], out[stdout_len:]
+        _, status, _ = _STATUS.get(reply.get("status", "error"), _STATUS["error"])
+        error = reply.get("error")
+        if reply.get("status") == "artifact_error":
+            self.functions.discard_artifact(tenant.id, name, meta.sha256)
+            error = f"{error}; it has been discarded and will be rebuilt"
+        return ended(
+            InvocationStatus(status), exit_code=reply.get("exit_code"), error=error, stdout=stdout,
+            stderr_tail=stderr.decode("utf-8", "replace") if stderr else None, host=reply.get("host"),
+        )

@@ -14,6 +14,7 @@ QUOTA_FIELDS = (
     "max_module_bytes",
     "wasm_memory_bytes",
     "timeout_ms",
+    "max_queued",
 )
 
 
@@ -26,6 +27,7 @@ class TenantQuota:
     max_module_bytes: int
     wasm_memory_bytes: int
     timeout_ms: int
+    max_queued: int
 
     @classmethod
     def of(cls, tenant: Tenant) -> "TenantQuota":

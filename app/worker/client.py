@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -82,14 +83,23 @@ class WorkerHandle:
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise WorkerLost(f"worker {self.id} exited (code {self.proc.returncode})") from exc
 
-    async def request(self, header: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    async def request(
+        self, header: dict[str, Any], body: bytes = b"", on_chunk: Callable[[bytes], None] | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        """Send one request and return its reply; `chunk` frames before it go to `on_chunk`."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.writelines(encode(header, body))
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerLost(f"worker {self.id} is gone") from exc
-        return await self._read()
+        if on_chunk is None:
+            return await self._read()
+        while True:
+            reply, data = await self._read()
+            if reply.get("op") != "chunk":
+                return reply, data
+            on_chunk(data)
 
     async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, kernels: dict[str, str], kernels_version: int) -> None:
         header, _ = await self.request(

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     host = AbiHost(backend, args.max_buffers, args.max_modules, memory)
     host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
     runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms)
+    runner.on_stdout = lambda data: write_frame(proto_out, {"op": "chunk"}, data)
     runner.warm_up()
     memory.scrub()
     info = backend.info
@@ -100,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                 stderr_limit=header["stderr_limit"],
                 kernels=header.get("kernels"),
                 traceparent=header.get("traceparent"),
+                stream=bool(header.get("stream")),
             )
+            if req.stream:  # tells the api the guest is starting, so it can begin the response
+                write_frame(proto_out, {"op": "chunk"}, b"")
             res = runner.run(req, body)
             write_frame(
                 proto_out,

@@ -10,7 +10,8 @@ Requests (api -> worker), by ``op``:
                wasm_memory_bytes, stdout_limit, stderr_limit, kernels?, traceparent?}; body = stdin
               -> ``result`` {status, exit_code, error, stdout_len, duration_ms, host: {launches,
                compile_hits, compile_misses, gpu_peak_bytes, device_error?}, spans?};
-               body = stdout + stderr tail
+               body = stdout + stderr tail; with ``stream: true`` the stdout is not in the
+               result: each guest write is sent first as its own ``chunk`` frame (body = the bytes)
   ``stats``   {}                                               -> ``stats`` {gpu_bytes_in_use, ...}
   ``exit``    {}                                               -> (the worker exits)
 Unsolicited (worker -> api): ``ready`` {pid, backend, device} once at start.

@@ -15,6 +15,7 @@ QUOTA = {
     "max_module_bytes": 1 << 20,
     "wasm_memory_bytes": 32 * 1024 * 1024,
     "timeout_ms": 1500,
+    "max_queued": 17,
 }
 
 

@@ -193,10 +193,10 @@ async def test_invocation_records_are_private(client: httpx.AsyncClient) -> None
     got = (await client.get(f"/v1/invocations/{inv}", headers=a)).json()
     assert got["status"] == "succeeded" and got["function"] == "echo" and got["version"] == 1 and got["exit_code"] == 0
     assert (await client.get(f"/v1/invocations/{inv}", headers=b)).status_code == 404
-    assert (await client.get("/v1/invocations", headers=b)).json() == []
-    only_echo = (await client.get("/v1/invocations", params={"function": "echo"}, headers=a)).json()
+    assert (await client.get("/v1/invocations", headers=b)).json()["items"] == []
+    only_echo = (await client.get("/v1/invocations", params={"function": "echo"}, headers=a)).json()["items"]
     assert [i["id"] for i in only_echo] == [inv]
-    assert len((await client.get("/v1/invocations", headers=a)).json()) == 2
+    assert len((await client.get("/v1/invocations", headers=a)).json()["items"]) == 2
 
 
 async def test_usage_reports_quota_and_counts(client: httpx.AsyncClient) -> None:

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from app.cli import cli
-from tests.helpers import ADMIN_TOKEN, EXAMPLES, ROOT, ServerProcess, server_process
+from tests.helpers import ADMIN_TOKEN, EXAMPLES, GUESTS, ROOT, ServerProcess, server_process
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,42 @@ def test_tenant_commands(tw: Callable[..., Result], tmp_path: Path, c_guest: Cal
 
     ok(tw("functions", "delete", "echo", env=key))
     assert "echo" not in ok(tw("functions", "list", env=key)).stdout
+
+
+def test_async_stream_and_cancel(tw: Callable[..., Result], tmp_path: Path) -> None:
+    t = name()
+    ok(tw("admin", "create-tenant", t, "--timeout-ms", "20000", "--max-concurrency", "1"))
+    key = {"TENSORWASM_API_KEY": ok(tw("admin", "create-key", t)).stdout.strip()}
+    for fn in ("echo", "exit3", "utf8_lines", "write_then_spin"):
+        guest = tmp_path / f"{fn}.wat"
+        guest.write_text((GUESTS / f"{fn}.wat").read_text())
+        ok(tw("deploy", fn, str(guest), "-q", env=key))
+
+    # --async prints only the id; --wait writes the output, and exits 1 on a failed run
+    inv = ok(tw("invoke", "echo", "--async", input=b"later", env=key)).stdout.strip()
+    assert len(inv) == 32
+    waited = ok(tw("invoke", "echo", "--async", "--wait", input=b"waited", env=key))
+    assert waited.stdout_bytes == b"waited" and "queued invocation" in waited.stderr and "succeeded" in waited.stderr
+    assert ok(tw("invocations", "output", inv, env=key)).stdout_bytes == b"later"  # drained before the one behind it
+    assert json.loads(ok(tw("invocations", "get", inv, env=key)).stdout)["mode"] == "async"
+    failed = tw("invoke", "exit3", "--async", "--wait", env=key)
+    assert failed.exit_code == 1 and failed.stdout_bytes == b"partial output\n" and "guest_error" in failed.stderr
+    key_once = ("--idempotency-key", f"k-{uuid.uuid4().hex}")
+    first = ok(tw("invoke", "echo", "--async", *key_once, input=b"1", env=key)).stdout
+    assert ok(tw("invoke", "echo", "--async", *key_once, input=b"2", env=key)).stdout == first
+    assert tw("invoke", "echo", "--wait", env=key).exit_code == 2  # --wait goes with --async
+
+    # --stream: UTF-8 text as written, the outcome from the stream's end event
+    assert ok(tw("invoke", "utf8_lines", "--stream", env=key)).stdout == "héllo\nwörld\n"
+    streamed_fail = tw("invoke", "exit3", "--stream", env=key)
+    assert streamed_fail.exit_code == 1 and "guest_error" in streamed_fail.stderr
+
+    # cancel a running invocation, then again: the server's 409 message, exit 1
+    spinning = ok(tw("invoke", "write_then_spin", "--async", env=key)).stdout.strip()
+    assert json.loads(ok(tw("invocations", "cancel", spinning, env=key)).stdout)["status"] == "cancelled"
+    again = tw("invocations", "cancel", spinning, env=key)
+    assert again.exit_code == 1 and "already" in again.stderr
+    assert tw("invoke", "missing", "--async", env=key).exit_code == 1
 
 
 def test_missing_credentials_are_usage_errors(tw: Callable[..., Result]) -> None:

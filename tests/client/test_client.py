@@ -90,7 +90,7 @@ def test_deploy_invoke_and_records(tenant: tuple[str, TensorWasmClient], c_guest
 
     assert {f.name for f in tw.list_functions()} == {"echo", "hello"}
     assert tw.get_function("hello").timeout_ms == 2000
-    assert {i.status for i in tw.list_invocations(function="hello")} == {"succeeded", "guest_error"}
+    assert {i.status for i in tw.list_invocations(function="hello").items} == {"succeeded", "guest_error"}
     assert tw.usage().tenant == name
     tw.delete_function("hello")
     assert [f.name for f in tw.list_functions()] == ["echo"]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timezone
 
 from app.services.invocations import InvocationRecorder
@@ -50,3 +51,34 @@ async def test_stop_lets_a_flush_in_progress_finish_and_loses_no_record(client, 
     async with platform.sessionmaker() as s:
         repo = InvocationRepository(s, tid)
         assert [await repo.get(i) is not None for i in ids] == [True] * 5
+
+
+async def test_records_of_different_shapes_in_one_batch(database_url: str) -> None:
+    """Synchronous and streamed call records carry different columns and share a batch."""
+    from datetime import datetime, timezone
+
+    from app.db.models import Tenant
+    from app.db.repositories.invocations import InvocationRepository
+    from app.db.session import create_engine_for, create_sessionmaker
+
+    engine = create_engine_for(database_url)
+    sm = create_sessionmaker(engine)
+    now = datetime.now(timezone.utc)
+    tid = uuid.uuid4().hex
+    async with sm() as s:
+        s.add(Tenant(id=tid, name=f"shapes-{tid[:8]}", gpu_memory_bytes=0, max_concurrency=1, requests_per_second=1.0,
+                     max_functions=1, max_module_bytes=8, wasm_memory_bytes=65536, timeout_ms=1, max_queued=1))
+        await s.commit()
+    rec = InvocationRecorder(sm, 1.0, 100)
+    sync_id, stream_id = uuid.uuid4().hex, uuid.uuid4().hex
+    rec.record({"id": sync_id, "tenant_id": tid, "function": "f", "version": 1, "created_at": now, "started_at": now,
+                "exit_code": 0, "stderr_tail": None, "status": "succeeded", "duration_ms": 1.0, "error": None})
+    rec.record({"id": stream_id, "tenant_id": tid, "function": "f", "mode": "stream", "version": 1, "status": "cancelled",
+                "created_at": now, "started_at": now, "ended_at": now, "duration_ms": 2.0, "exit_code": None,
+                "error": "gone", "stderr_tail": None})
+    await rec.flush()
+    async with sm() as s:
+        repo = InvocationRepository(s, tid)
+        assert (await repo.get(sync_id)).mode == "sync"
+        assert (await repo.get(stream_id)).mode == "stream"
+    await engine.dispose()

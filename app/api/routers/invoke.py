@@ -12,6 +12,7 @@ from app.api.deps import authenticate_tenant
 from app.api.routers.functions import NameParam
 from app.platform import Platform
 from app.services.invocations import InvokeService
+from app.api.routers.stream import invoke_streaming, stream_kind
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
@@ -21,8 +22,14 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
     operation_id="invoke_function",
     response_class=Response,
     responses={
-        200: {"description": "the guest's stdout", "content": {"application/octet-stream": {}}},
+        200: {
+            "description": "the guest's stdout; with `Accept: text/event-stream` a stream of `output` "
+            "events and one `end` event; with `?stream=raw` the raw stdout bytes, chunked, as written",
+            "content": {"application/octet-stream": {}, "text/event-stream": {}},
+        },
+        404: {"description": "no such function"},
         429: {"description": "concurrency or rate limit; see Retry-After"},
+        503: {"description": "no worker could be had in time (no_capacity); see Retry-After"},
         500: {"description": "guest_error, output_limit_exceeded, device_error, worker_crashed or internal"},
         504: {"description": "the invocation exceeded its time limit"},
     },
@@ -34,6 +41,9 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
     platform: Platform = request.app.state.platform
     tenant = await authenticate_tenant(request, platform)
     body = await read_limited(request, platform.settings.max_request_bytes)
+    stream = stream_kind(request)
+    if stream is not None:
+        return await invoke_streaming(platform, tenant, name, body, request, stream)
     service = InvokeService(
         platform.settings, platform.function_cache, platform.scheduler, platform.recorder, platform.metrics, platform.tracing
     )

@@ -5,7 +5,9 @@ from fastapi import APIRouter
 from app.api.deps import PlatformDep, SessionDep, TenantDep
 from app.api.schemas import Quota, UsageOut
 from app.db.repositories.functions import FunctionRepository
+from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.kernels import KernelRepository
+from app.queue.states import InvocationStatus
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
@@ -13,10 +15,13 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"])
 @router.get("", operation_id="get_usage", response_model=UsageOut)
 async def get_usage(tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> UsageOut:
     live = platform.scheduler.tenant_usage(tenant.id)
+    invocations = InvocationRepository(session, tenant.id)
     return UsageOut(
         tenant=tenant.name,
         quota=Quota(**tenant.quota.as_dict()),
         functions=await FunctionRepository(session, tenant.id).count(),
         kernels=await KernelRepository(session, tenant.id).count(),
+        async_queued=await invocations.count_async(InvocationStatus.QUEUED),
+        async_running=await invocations.count_async(InvocationStatus.RUNNING),
         **live,
     )

@@ -1,0 +1,54 @@
+"""POST /v1/functions/{name}/invocations: queue an async invocation (durable before the 202)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.api.body import read_limited
+from app.api.deps import PlatformDep, TenantDep
+from app.api.routers.functions import NameParam
+from app.api.routers.invocations import invocation_out
+from app.api.schemas import InvocationOut
+
+router = APIRouter(prefix="/v1/functions", tags=["invocations"])
+
+
+@router.post(
+    "/{name}/invocations",
+    operation_id="submit_invocation",
+    status_code=202,
+    response_model=InvocationOut,
+    responses={
+        202: {"description": "queued (or, for a repeated Idempotency-Key, the earlier invocation); see Location"},
+        404: {"description": "no such function"},
+        413: {"description": "the body is larger than the node accepts"},
+        429: {"description": "the tenant's max_queued async invocations are waiting (queue_full); see Retry-After"},
+    },
+    openapi_extra={
+        "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+    },
+)
+async def submit_invocation(
+    name: NameParam,
+    request: Request,
+    tenant: TenantDep,
+    platform: PlatformDep,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=255, description="repeat within 24 h to get the same invocation back")
+    ] = None,
+) -> Response:
+    body = await read_limited(request, platform.settings.max_request_bytes)
+    done = await platform.queue.submit(
+        tenant, name, body, request.url.query, request.headers.get("content-type", ""), idempotency_key
+    )
+    if done.created:
+        platform.queue_runner.wake()
+    inv = done.invocation
+    return JSONResponse(
+        status_code=202,
+        content=invocation_out(inv).model_dump(mode="json"),
+        headers={"Location": f"/v1/invocations/{inv.id}", "X-Invocation-Id": inv.id},
+    )

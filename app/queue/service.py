@@ -1,0 +1,135 @@
+"""Submit, cancel and read async invocations: the tenant-facing side of the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.api.errors import ApiError, not_found
+from app.db.models import Invocation
+from app.db.repositories.functions import FunctionRepository
+from app.db.repositories.invocations import InvocationRepository
+from app.queue.states import InvocationMode, InvocationStatus
+from app.services.principal import TenantPrincipal
+from app.settings import Settings
+
+Clock = Callable[[], datetime]
+StopLocal = Callable[[str], bool]  # stops an invocation if this node runs it
+
+
+@dataclass
+class Submitted:
+    invocation: Invocation
+    created: bool  # False: an Idempotency-Key repeat returned the earlier invocation
+
+
+class AsyncInvocations:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, clock: Clock) -> None:
+        self.sessionmaker = sessionmaker
+        self.settings = settings
+        self.clock = clock
+        # SQLite has one writer: this node's queue writes (submits, claims, ends) take turns here
+        # instead of meeting in SQLite's busy handler, whose sleeps cost milliseconds each.
+        # PostgreSQL needs no such lock (row locks; several nodes).
+        self.write_lock: asyncio.Lock | contextlib.nullcontext[None] = (
+            asyncio.Lock() if sessionmaker.kw["bind"].dialect.name == "sqlite" else contextlib.nullcontext()
+        )
+
+    async def submit(
+        self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str, idempotency_key: str | None
+    ) -> Submitted:
+        async with self.write_lock, self.sessionmaker() as session:
+            repo = InvocationRepository(session, tenant.id)
+            await repo.lock_tenant()
+            now = self.clock()
+            if idempotency_key is not None:
+                earlier = await repo.by_idempotency_key(idempotency_key)
+                if earlier is not None:
+                    if _aware(earlier.created_at) > now - timedelta(seconds=self.settings.idempotency_window_s):
+                        return Submitted(earlier, created=False)  # the session closes without writing
+                    await repo.forget_idempotency_key(earlier.id)
+            fn = await FunctionRepository(session, tenant.id).get(name)
+            if fn is None:
+                raise not_found(f"function {name!r}")
+            queued = await repo.count_async(InvocationStatus.QUEUED)
+            if queued >= tenant.quota.max_queued:
+                raise ApiError(
+                    429, "queue_full",
+                    f"the tenant has {queued} async invocations waiting to start (its max_queued quota is "
+                    f"{tenant.quota.max_queued}); retry once some have started",
+                    {"Retry-After": "1"},
+                )
+            inv = Invocation(
+                id=uuid.uuid4().hex, tenant_id=tenant.id, function=name, version=fn.current_version,
+                mode=InvocationMode.ASYNC.value, status=InvocationStatus.QUEUED.value, created_at=now,
+                idempotency_key=idempotency_key, query_string=query, request_content_type=content_type, input=body,
+            )
+            try:
+                await repo.add(inv)
+                await session.commit()  # durable before the 202
+            except IntegrityError:  # another node took the same key at the same moment
+                await session.rollback()
+                earlier = await repo.by_idempotency_key(idempotency_key or "")
+                if earlier is None:
+                    raise
+                return Submitted(earlier, created=False)
+            return Submitted(inv, created=True)
+
+    async def get(self, tenant: TenantPrincipal, invocation_id: str) -> Invocation:
+        async with self.sessionmaker() as session:
+            inv = await InvocationRepository(session, tenant.id).get(invocation_id)
+        if inv is None:
+            raise not_found("invocation")
+        return inv
+
+    async def output(self, tenant: TenantPrincipal, invocation_id: str) -> Invocation:
+        inv = await self.get(tenant, invocation_id)
+        if inv.mode != InvocationMode.ASYNC.value:
+            raise ApiError(404, "not_found", "this invocation was not async: only async invocations store their output")
+        if not InvocationStatus(inv.status).ended:
+            raise ApiError(409, "not_finished", f"the invocation is {inv.status}; its output is ready once it ended")
+        expires = _aware(inv.ended_at or inv.created_at) + timedelta(seconds=self.settings.output_retention_s)
+        if inv.output is None or expires <= self.clock():
+            raise ApiError(
+                410, "expired",
+                f"the output was deleted after the retention of {self.settings.output_retention_s:g} s; the record remains",
+            )
+        return inv
+
+    async def cancel(self, tenant: TenantPrincipal, invocation_id: str, stop_local: StopLocal) -> Invocation:
+        """queued: cancelled at once, never runs. running: its guest is stopped (here, or by the
+        node that runs it at its next lease renewal) and the call waits for the end."""
+        async with self.sessionmaker() as session:
+            repo = InvocationRepository(session, tenant.id)
+            inv = await repo.get(invocation_id)
+            if inv is None:
+                raise not_found("invocation")
+            if InvocationStatus(inv.status).ended:
+                raise ApiError(409, "already_finished", f"the invocation already ended ({inv.status})")
+            async with self.write_lock:
+                cancelled = await repo.cancel_queued(invocation_id, self.clock())
+            if cancelled:
+                await session.commit()
+                return await self.get(tenant, invocation_id)
+            await repo.request_cancel(invocation_id)
+            await session.commit()
+        stop_local(invocation_id)
+        deadline = asyncio.get_running_loop().time() + self.settings.queue_lease_s / 3 + 5
+        while True:
+            inv = await self.get(tenant, invocation_id)
+            if InvocationStatus(inv.status).ended or asyncio.get_running_loop().time() > deadline:
+                return inv
+            await asyncio.sleep(0.05)
+
+
+def _aware(t: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+

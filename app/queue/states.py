@@ -1,0 +1,31 @@
+"""Invocation modes and statuses (DESIGN.md section 3), stored as their string values."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class InvocationMode(StrEnum):
+    SYNC = "sync"
+    STREAM = "stream"
+    ASYNC = "async"
+
+
+class InvocationStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    GUEST_ERROR = "guest_error"
+    TIMEOUT = "timeout"
+    OUTPUT_LIMIT = "output_limit"
+    DEVICE_ERROR = "device_error"
+    WORKER_CRASHED = "worker_crashed"
+    INTERNAL_ERROR = "internal_error"
+    CLIENT_CLOSED = "client_closed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    NOT_FOUND = "not_found"  # the function was deleted before its queued invocation ran
+
+    @property
+    def ended(self) -> bool:
+        return self not in (InvocationStatus.QUEUED, InvocationStatus.RUNNING)
