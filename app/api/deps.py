@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.errors import ApiError
@@ -32,16 +33,27 @@ async def get_session(platform: PlatformDep) -> AsyncIterator[AsyncSession]:
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
+# Two bearer schemes in the OpenAPI document, so /docs can hold both tokens and send each to its
+# routes. Parsing stays ours (auto_error off) to answer in the error envelope.
+admin_bearer = HTTPBearer(
+    scheme_name="AdminToken", description="the operator's token (TENSORWASM_ADMIN_TOKEN)", auto_error=False
+)
+tenant_bearer = HTTPBearer(
+    scheme_name="ApiKey", description="a tenant API key (`tw_...`) made by the admin API", auto_error=False
+)
+# The invoke route resolves its caller without dependencies; it declares the scheme with this.
+TENANT_SECURITY = [{"ApiKey": []}]
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+
+
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(
-            401,
-            "unauthorized",
-            "missing credentials: send `Authorization: Bearer <token>`",
-            {"WWW-Authenticate": "Bearer"},
-        )
+        raise _unauthorized("missing credentials: send `Authorization: Bearer <token>`")
     return token.strip()
 
 
@@ -50,13 +62,15 @@ def _is_admin(platform: Platform, token: str) -> bool:
     return bool(admin) and hmac.compare_digest(token.encode(), admin.encode())
 
 
-async def require_admin(request: Request, platform: PlatformDep) -> None:
+async def require_admin(
+    request: Request, platform: PlatformDep, _: Annotated[HTTPAuthorizationCredentials | None, Depends(admin_bearer)]
+) -> None:
     token = _bearer(request)
     if _is_admin(platform, token):
         return
     if token.startswith(KEY_PREFIX) and await _tenant_for(platform, token) is not None:
         raise ApiError(403, "forbidden", "tenant API keys cannot call admin routes; use the admin token")
-    raise ApiError(401, "unauthorized", "invalid admin token", {"WWW-Authenticate": "Bearer"})
+    raise _unauthorized("invalid admin token")
 
 
 async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
@@ -74,7 +88,9 @@ async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
     return principal
 
 
-async def require_tenant(request: Request, platform: PlatformDep) -> TenantPrincipal:
+async def require_tenant(
+    request: Request, platform: PlatformDep, _: Annotated[HTTPAuthorizationCredentials | None, Depends(tenant_bearer)]
+) -> TenantPrincipal:
     return await authenticate_tenant(request, platform)
 
 
@@ -87,7 +103,7 @@ async def authenticate_tenant(request: Request, platform: Platform) -> TenantPri
         return principal
     if _is_admin(platform, token):
         raise ApiError(403, "forbidden", "the admin token cannot call tenant routes; use a tenant API key")
-    raise ApiError(401, "unauthorized", "invalid or revoked API key", {"WWW-Authenticate": "Bearer"})
+    raise _unauthorized("invalid or revoked API key")
 
 
 AdminDep = Depends(require_admin)

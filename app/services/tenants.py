@@ -58,5 +58,12 @@ class TenantService:
         await self.session.flush()
         return tenant
 
+    async def update_quota(self, tenant_id: str, body: QuotaUpdate) -> Tenant:
+        tenant = await self.get(tenant_id)
+        for field, value in body.model_dump(exclude_none=True).items():
+            setattr(tenant, field, value)
+        await self.session.flush()
+        return tenant
+
     async def delete(self, tenant_id: str) -> None:
         await self.repo.delete(await self.get(tenant_id))

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
 from app.api.deps import PlatformDep, SessionDep, TenantDep
-from app.api.errors import not_found
-from app.api.schemas import InvocationOut
+from app.api.errors import error_responses, not_found
+from app.api.schemas import ID_PATTERN, NAME_PATTERN, InvocationOut
 from app.db.models import Invocation
 from app.db.repositories.invocations import InvocationRepository
 
@@ -27,8 +27,8 @@ def invocation_out(i: Invocation) -> InvocationOut:
     )
 
 
-@router.get("/{invocation_id}", operation_id="get_invocation", response_model=InvocationOut)
-async def get_invocation(invocation_id: str, tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> InvocationOut:
+@router.get("/{invocation_id}", operation_id="get_invocation", response_model=InvocationOut, responses=error_responses(401, 403, 404, 422))
+async def get_invocation(invocation_id: Annotated[str, Path(pattern=ID_PATTERN)], tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> InvocationOut:
     await platform.recorder.flush()  # records are batched; make this one visible
     inv = await InvocationRepository(session, tenant.id).get(invocation_id)
     if inv is None:
@@ -36,12 +36,12 @@ async def get_invocation(invocation_id: str, tenant: TenantDep, session: Session
     return invocation_out(inv)
 
 
-@router.get("", operation_id="list_invocations", response_model=list[InvocationOut])
+@router.get("", operation_id="list_invocations", response_model=list[InvocationOut], responses=error_responses(401, 403, 422))
 async def list_invocations(
     tenant: TenantDep,
     session: SessionDep,
     platform: PlatformDep,
-    function: Annotated[str | None, Query(max_length=63)] = None,
+    function: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[InvocationOut]:
     await platform.recorder.flush()
