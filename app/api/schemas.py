@@ -34,7 +34,7 @@ class Quota(BaseModel):
 
     gpu_memory_bytes: int = Field(ge=0, le=_B["gpu_memory_bytes"], description="cap on live GPU buffer bytes; 0 = no GPU access")
     max_concurrency: int = Field(ge=1, le=_B["max_concurrency"], description="invocations running at once")
-    requests_per_second: float = Field(gt=0, le=_B["requests_per_second"], description="token-bucket invoke rate (burst = 2 s)")
+    requests_per_second: float = Field(ge=0.001, le=_B["requests_per_second"], description="token-bucket invoke rate (burst = 2 s)")
     max_functions: int = Field(ge=0, le=_B["max_functions"], description="deployed functions")
     max_module_bytes: int = Field(ge=8, le=_B["max_module_bytes"], description="size of one uploaded module")
     wasm_memory_bytes: int = Field(ge=65536, le=_B["wasm_memory_bytes"], description="linear memory one instance may grow to")
@@ -46,7 +46,7 @@ class QuotaUpdate(BaseModel):
 
     gpu_memory_bytes: int | None = Field(default=None, ge=0, le=_B["gpu_memory_bytes"])
     max_concurrency: int | None = Field(default=None, ge=1, le=_B["max_concurrency"])
-    requests_per_second: float | None = Field(default=None, gt=0, le=_B["requests_per_second"])
+    requests_per_second: float | None = Field(default=None, ge=0.001, le=_B["requests_per_second"])
     max_functions: int | None = Field(default=None, ge=0, le=_B["max_functions"])
     max_module_bytes: int | None = Field(default=None, ge=8, le=_B["max_module_bytes"])
     wasm_memory_bytes: int | None = Field(default=None, ge=65536, le=_B["wasm_memory_bytes"])

@@ -26,12 +26,17 @@ BOUNDS = {
     "timeout_ms": 3_600_000,
 }
 
+MIN_RATE = 0.001
+
 
 def upgrade() -> None:
     tenants = sa.table("tenants", *(sa.column(name) for name in BOUNDS))
     for name, bound in BOUNDS.items():
         col = tenants.c[name]
         op.execute(tenants.update().where(col > bound).values({name: bound}))
+    # a rate too small to ever refill a token once made retry times overflow
+    rate = tenants.c.requests_per_second
+    op.execute(tenants.update().where(rate < MIN_RATE).values(requests_per_second=MIN_RATE))
 
 
 def downgrade() -> None:
