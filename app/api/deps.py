@@ -49,11 +49,22 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
 
 
+_MISSING = "missing credentials: send `Authorization: Bearer <token>`"
+Credentials = HTTPAuthorizationCredentials | None
+
+
+def _token(credentials: Credentials) -> str:
+    if credentials is None or not credentials.credentials.strip():
+        raise _unauthorized(_MISSING)
+    return credentials.credentials.strip()
+
+
 def _bearer(request: Request) -> str:
+    """The token, parsed by hand for the invoke route (no dependencies on the hot path)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized("missing credentials: send `Authorization: Bearer <token>`")
+        raise _unauthorized(_MISSING)
     return token.strip()
 
 
@@ -62,10 +73,8 @@ def _is_admin(platform: Platform, token: str) -> bool:
     return bool(admin) and hmac.compare_digest(token.encode(), admin.encode())
 
 
-async def require_admin(
-    request: Request, platform: PlatformDep, _: Annotated[HTTPAuthorizationCredentials | None, Depends(admin_bearer)]
-) -> None:
-    token = _bearer(request)
+async def require_admin(platform: PlatformDep, credentials: Annotated[Credentials, Depends(admin_bearer)]) -> None:
+    token = _token(credentials)
     if _is_admin(platform, token):
         return
     if token.startswith(KEY_PREFIX) and await _tenant_for(platform, token) is not None:
@@ -88,15 +97,16 @@ async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
     return principal
 
 
-async def require_tenant(
-    request: Request, platform: PlatformDep, _: Annotated[HTTPAuthorizationCredentials | None, Depends(tenant_bearer)]
-) -> TenantPrincipal:
-    return await authenticate_tenant(request, platform)
+async def require_tenant(platform: PlatformDep, credentials: Annotated[Credentials, Depends(tenant_bearer)]) -> TenantPrincipal:
+    return await _tenant_or_error(platform, _token(credentials))
 
 
 async def authenticate_tenant(request: Request, platform: Platform) -> TenantPrincipal:
-    """The calling tenant, or 401/403 (also called directly by the invoke route)."""
-    token = _bearer(request)
+    """The calling tenant, or 401/403, for the invoke route (which uses no dependencies)."""
+    return await _tenant_or_error(platform, _bearer(request))
+
+
+async def _tenant_or_error(platform: Platform, token: str) -> TenantPrincipal:
     principal = await _tenant_for(platform, token)
     if principal is not None:
         ctx.tenant.set(principal.name)
