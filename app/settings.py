@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +75,17 @@ class Settings(BaseSettings):
     # --- invocation records ----------------------------------------------------------------
     record_flush_interval_s: float = 0.2
     record_batch_size: int = 500
+
+    @model_validator(mode="after")
+    def _default_quota_within_bounds(self) -> "Settings":
+        # a default outside the bounds would make every new tenant's quota unanswerable
+        from app.services.principal import QUOTA_BOUNDS, QUOTA_MINIMUMS
+
+        for field, high in QUOTA_BOUNDS.items():
+            value, low = getattr(self, f"default_{field}"), QUOTA_MINIMUMS[field]
+            if not low <= value <= high:
+                raise ValueError(f"TENSORWASM_DEFAULT_{field.upper()} must be between {low} and {high}, got {value}")
+        return self
 
     @property
     def resolved_database_url(self) -> str:

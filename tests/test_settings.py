@@ -42,3 +42,13 @@ def test_a_new_data_dir_and_its_database_start_private(tmp_path: Path) -> None:
 def test_a_database_elsewhere_is_not_created_in_the_data_dir(tmp_path: Path) -> None:
     Settings(data_dir=tmp_path / "d", database_url="postgresql://x@127.0.0.1/y").ensure_data_dir()
     assert not (tmp_path / "d" / "tensorwasm.db").exists()
+
+
+def test_default_quota_must_lie_within_the_bounds(tmp_path: Path) -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="TENSORWASM_DEFAULT_TIMEOUT_MS must be between 1 and 3600000"):
+        Settings(data_dir=tmp_path, default_timeout_ms=2**40)
+    with pytest.raises(ValidationError, match="TENSORWASM_DEFAULT_REQUESTS_PER_SECOND"):
+        Settings(data_dir=tmp_path, default_requests_per_second=0)

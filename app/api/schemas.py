@@ -7,24 +7,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.services.principal import QUOTA_BOUNDS, QUOTA_MINIMUMS
+
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,63}$"
 # Resource ids (hex today); anything else is refused before it reaches a query.
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 
-# Upper bounds of the quota fields: each fits its column (timeout_ms, max_concurrency and
-# max_functions are 32-bit integers; the byte counts 64-bit) and is generous for one tenant.
-GIB = 1024**3
-QUOTA_BOUNDS: dict[str, int | float] = {
-    "gpu_memory_bytes": 1024 * GIB,  # 1 TiB: more than any single device holds
-    "max_concurrency": 1024,
-    "requests_per_second": 1_000_000.0,
-    "max_functions": 100_000,
-    "max_module_bytes": 256 * 1024**2,  # 256 MiB: a module is held in memory while compiled
-    "wasm_memory_bytes": 4 * GIB,  # the wasm32 address space
-    "timeout_ms": 3_600_000,  # one hour
-}
-_B = QUOTA_BOUNDS
+_B, _M = QUOTA_BOUNDS, QUOTA_MINIMUMS
 
 
 class Quota(BaseModel):
@@ -32,25 +22,25 @@ class Quota(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gpu_memory_bytes: int = Field(ge=0, le=_B["gpu_memory_bytes"], description="cap on live GPU buffer bytes; 0 = no GPU access")
-    max_concurrency: int = Field(ge=1, le=_B["max_concurrency"], description="invocations running at once")
-    requests_per_second: float = Field(ge=0.001, le=_B["requests_per_second"], description="token-bucket invoke rate (burst = 2 s)")
-    max_functions: int = Field(ge=0, le=_B["max_functions"], description="deployed functions")
-    max_module_bytes: int = Field(ge=8, le=_B["max_module_bytes"], description="size of one uploaded module")
-    wasm_memory_bytes: int = Field(ge=65536, le=_B["wasm_memory_bytes"], description="linear memory one instance may grow to")
-    timeout_ms: int = Field(ge=1, le=_B["timeout_ms"], description="wall-clock limit of one invocation")
+    gpu_memory_bytes: int = Field(ge=_M["gpu_memory_bytes"], le=_B["gpu_memory_bytes"], description="cap on live GPU buffer bytes; 0 = no GPU access")
+    max_concurrency: int = Field(ge=_M["max_concurrency"], le=_B["max_concurrency"], description="invocations running at once")
+    requests_per_second: float = Field(ge=_M["requests_per_second"], le=_B["requests_per_second"], description="token-bucket invoke rate (burst = 2 s)")
+    max_functions: int = Field(ge=_M["max_functions"], le=_B["max_functions"], description="deployed functions")
+    max_module_bytes: int = Field(ge=_M["max_module_bytes"], le=_B["max_module_bytes"], description="size of one uploaded module")
+    wasm_memory_bytes: int = Field(ge=_M["wasm_memory_bytes"], le=_B["wasm_memory_bytes"], description="linear memory one instance may grow to")
+    timeout_ms: int = Field(ge=_M["timeout_ms"], le=_B["timeout_ms"], description="wall-clock limit of one invocation")
 
 
 class QuotaUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gpu_memory_bytes: int | None = Field(default=None, ge=0, le=_B["gpu_memory_bytes"])
-    max_concurrency: int | None = Field(default=None, ge=1, le=_B["max_concurrency"])
-    requests_per_second: float | None = Field(default=None, ge=0.001, le=_B["requests_per_second"])
-    max_functions: int | None = Field(default=None, ge=0, le=_B["max_functions"])
-    max_module_bytes: int | None = Field(default=None, ge=8, le=_B["max_module_bytes"])
-    wasm_memory_bytes: int | None = Field(default=None, ge=65536, le=_B["wasm_memory_bytes"])
-    timeout_ms: int | None = Field(default=None, ge=1, le=_B["timeout_ms"])
+    gpu_memory_bytes: int | None = Field(default=None, ge=_M["gpu_memory_bytes"], le=_B["gpu_memory_bytes"])
+    max_concurrency: int | None = Field(default=None, ge=_M["max_concurrency"], le=_B["max_concurrency"])
+    requests_per_second: float | None = Field(default=None, ge=_M["requests_per_second"], le=_B["requests_per_second"])
+    max_functions: int | None = Field(default=None, ge=_M["max_functions"], le=_B["max_functions"])
+    max_module_bytes: int | None = Field(default=None, ge=_M["max_module_bytes"], le=_B["max_module_bytes"])
+    wasm_memory_bytes: int | None = Field(default=None, ge=_M["wasm_memory_bytes"], le=_B["wasm_memory_bytes"])
+    timeout_ms: int | None = Field(default=None, ge=_M["timeout_ms"], le=_B["timeout_ms"])
 
 
 class TenantCreate(BaseModel):

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from app.api.schemas import QUOTA_BOUNDS
+from app.services.principal import QUOTA_BOUNDS
 from app.db.models import Function
 from tests.helpers import ADMIN, deploy, new_tenant, wat
 

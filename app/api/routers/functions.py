@@ -10,10 +10,11 @@ from app.api.body import LimitedBodyRoute, read_limited, require_content_type
 from app.api.deps import PlatformDep, SessionDep, TenantDep
 from app.api.errors import ApiError, error_responses
 from app.api.media import MAX_MEDIA_TYPE_LENGTH, MEDIA_TYPE_PATTERN, is_media_type
-from app.api.schemas import NAME_PATTERN, QUOTA_BOUNDS, FunctionOut, FunctionVersionOut
+from app.api.schemas import NAME_PATTERN, FunctionOut, FunctionVersionOut
 from app.db.models import Function
 from app.db.repositories.functions import FunctionRepository
 from app.services.functions import FunctionService, FunctionSettings
+from app.services.principal import QUOTA_BOUNDS
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"], route_class=LimitedBodyRoute)
 
