@@ -103,14 +103,16 @@ class Settings(BaseSettings):
 
     def ensure_data_dir(self) -> None:
         """Create the data dir, and tighten it at every start: the dir and its cache 0700, every
-        file in them (database and its journals, admin token, compiled modules) 0600, also when
-        they were made earlier with wider modes. Only the owner reads tenants' modules and keys."""
+        file of ours in them (database and its journals, admin token, compiled modules) 0600, also
+        when they were made earlier with wider modes. Only the owner reads tenants' modules and
+        keys. Other files an operator keeps there are left alone."""
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for d in (self.data_dir, self.cache_dir):
             os.chmod(d, 0o700)
             for entry in os.scandir(d):
-                if entry.is_file(follow_symlinks=False) and stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) != 0o600:
+                ours = d == self.cache_dir or entry.name == "admin_token" or entry.name.startswith("tensorwasm.db")
+                if ours and entry.is_file(follow_symlinks=False) and stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) != 0o600:
                     os.chmod(entry.path, 0o600)
         if not self.database_url:
             # create the SQLite file 0600 ourselves: SQLite gives its WAL and shm files the

@@ -22,11 +22,15 @@ def test_data_dir_is_tightened_at_every_start(tmp_path: Path) -> None:
     os.chmod(data, 0o755)
     os.chmod(data / "cache", 0o755)
 
+    (data / "operator-notes.txt").write_text("x")
+    os.chmod(data / "operator-notes.txt", 0o644)
+
     Settings(data_dir=data).ensure_data_dir()
 
     assert _mode(data) == _mode(data / "cache") == 0o700
     for name in ("tensorwasm.db", "tensorwasm.db-wal", "admin_token", "cache/abc.cwasm"):
         assert _mode(data / name) == 0o600, name
+    assert _mode(data / "operator-notes.txt") == 0o644  # not ours: left alone
 
 
 def test_a_new_data_dir_and_its_database_start_private(tmp_path: Path) -> None:

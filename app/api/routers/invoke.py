@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request, Response
-from starlette.types import Receive
 from fastapi.responses import JSONResponse
+from starlette.types import Receive
 
 from app.api.body import read_limited
 from app.api.deps import TENANT_SECURITY, authenticate_tenant
@@ -56,7 +56,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
             tenant, name, body, request.url.query, request.headers.get("content-type", "")
         )
     except asyncio.CancelledError:
-        if not (watcher.done() and not watcher.cancelled() and watcher.result()):
+        if not watcher.done() or watcher.cancelled():
             raise  # not ours: the server is stopping
         call.uncancel()
         return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
@@ -68,11 +68,11 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
     return Response(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
 
 
-async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> bool:
+async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> None:
     """Cancel the call when its client goes away, which stops the guest and frees its worker.
     The body is read by now, so the next ASGI message is the disconnect."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             call.cancel()
-            return True
+            return
