@@ -37,17 +37,24 @@ def describe_database(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def announce_admin_token(settings: Settings, token: str) -> None:
+    """Show a just-generated admin token once, to a person at a terminal; a log stream (JSON lines
+    collected somewhere) only learns where it was saved, never the token itself."""
+    path = (settings.data_dir / "admin_token").resolve()
+    interactive = sys.stderr.isatty() and settings.log_format != "json"
+    if interactive:
+        print(f"TensorWasm generated an admin token (also saved in {path}, mode 0600):\n  {token}", file=sys.stderr, flush=True)
+    else:
+        log.warning("generated an admin token and saved it in %s (mode 0600); read it from there", path)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     settings.ensure_data_dir()
     token, generated = settings.ensure_admin_token()
     if generated:
-        print(
-            f"TensorWasm generated an admin token (saved in {settings.data_dir / 'admin_token'}):\n  {token}",
-            file=sys.stderr,
-            flush=True,
-        )
+        announce_admin_token(settings, token)
     engine = create_engine_for(settings.resolved_database_url)
     sessionmaker = create_sessionmaker(engine)
     compiler = ModuleCompiler(ArtifactCache(settings.cache_dir))

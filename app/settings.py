@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     stdout_limit_bytes: int = 16 * 1024 * 1024
     stderr_tail_bytes: int = 64 * 1024
     max_request_bytes: int = 32 * 1024 * 1024
+    # Bodies of JSON routes (admin and the like); refused with 413 before they are read.
+    max_json_bytes: int = 1024 * 1024
     epoch_tick_ms: int = 5
     # Auth and function metadata are cached per node; other nodes see revocations after this.
     cache_ttl_s: float = 2.0
@@ -94,6 +96,17 @@ class Settings(BaseSettings):
     record_flush_interval_s: float = 0.2
     record_batch_size: int = 500
 
+    @model_validator(mode="after")
+    def _default_quota_within_bounds(self) -> "Settings":
+        # a default outside the bounds would make every new tenant's quota unanswerable
+        from app.services.principal import QUOTA_BOUNDS, QUOTA_MINIMUMS
+
+        for field, high in QUOTA_BOUNDS.items():
+            value, low = getattr(self, f"default_{field}"), QUOTA_MINIMUMS[field]
+            if not low <= value <= high:
+                raise ValueError(f"TENSORWASM_DEFAULT_{field.upper()} must be between {low} and {high}, got {value}")
+        return self
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -115,8 +128,22 @@ class Settings(BaseSettings):
         return self.data_dir / "cache"
 
     def ensure_data_dir(self) -> None:
+        """Create the data dir, and tighten it at every start: the dir and its cache 0700, every
+        file of ours in them (database and its journals, admin token, compiled modules) 0600, also
+        when they were made earlier with wider modes. Only the owner reads tenants' modules and
+        keys. Other files an operator keeps there are left alone."""
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for d in (self.data_dir, self.cache_dir):
+            os.chmod(d, 0o700)
+            for entry in os.scandir(d):
+                ours = d == self.cache_dir or entry.name == "admin_token" or entry.name.startswith("tensorwasm.db")
+                if ours and entry.is_file(follow_symlinks=False) and stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) != 0o600:
+                    os.chmod(entry.path, 0o600)
+        if not self.database_url:
+            # create the SQLite file 0600 ourselves: SQLite gives its WAL and shm files the
+            # database file's mode, and would otherwise create it with the umask's
+            os.close(os.open(self.data_dir / "tensorwasm.db", os.O_WRONLY | os.O_CREAT, 0o600))
 
     def ensure_admin_token(self) -> tuple[str, bool]:
         """Return the admin token, generating and persisting one (0600) on first start.

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import Request
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.types import Message
 
 from app.api.errors import ApiError
 
@@ -35,3 +40,35 @@ def require_content_type(request: Request, *allowed: str) -> None:
             "unsupported_media_type",
             f"Content-Type must be {' or '.join(allowed)}, got {got or 'none'}",
         )
+
+
+class LimitedBodyRoute(APIRoute):
+    """A route whose body FastAPI parses (JSON) reads it with the app-wide limit
+    (`TENSORWASM_MAX_JSON_BYTES`) before FastAPI sees it: a declared Content-Length over the limit
+    is refused at once, a chunked body as soon as it passes the limit, and both before the
+    caller's credentials are even looked at (FastAPI reads the body before resolving them).
+    Routes that read a raw body themselves (deploy, invoke, kernels) have no body field and are
+    left alone: they apply their own limits with `read_limited`.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def limited(request: Request) -> Response:
+            limit = request.app.state.settings.max_json_bytes
+            body = await read_limited(request, limit)
+            receive = request.receive
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            return await handler(Request(request.scope, replay))
+
+        return limited

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.errors import ApiError
@@ -32,16 +33,38 @@ async def get_session(platform: PlatformDep) -> AsyncIterator[AsyncSession]:
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
+# Two bearer schemes in the OpenAPI document, so /docs can hold both tokens and send each to its
+# routes. Parsing stays ours (auto_error off) to answer in the error envelope.
+admin_bearer = HTTPBearer(
+    scheme_name="AdminToken", description="the operator's token (TENSORWASM_ADMIN_TOKEN)", auto_error=False
+)
+tenant_bearer = HTTPBearer(
+    scheme_name="ApiKey", description="a tenant API key (`tw_...`) made by the admin API", auto_error=False
+)
+# The invoke route resolves its caller without dependencies; it declares the scheme with this.
+TENANT_SECURITY = [{"ApiKey": []}]
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+
+
+_MISSING = "missing credentials: send `Authorization: Bearer <token>`"
+Credentials = HTTPAuthorizationCredentials | None
+
+
+def _token(credentials: Credentials) -> str:
+    if credentials is None or not credentials.credentials.strip():
+        raise _unauthorized(_MISSING)
+    return credentials.credentials.strip()
+
+
 def _bearer(request: Request) -> str:
+    """The token, parsed by hand for the invoke route (no dependencies on the hot path)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(
-            401,
-            "unauthorized",
-            "missing credentials: send `Authorization: Bearer <token>`",
-            {"WWW-Authenticate": "Bearer"},
-        )
+        raise _unauthorized(_MISSING)
     return token.strip()
 
 
@@ -50,13 +73,13 @@ def _is_admin(platform: Platform, token: str) -> bool:
     return bool(admin) and hmac.compare_digest(token.encode(), admin.encode())
 
 
-async def require_admin(request: Request, platform: PlatformDep) -> None:
-    token = _bearer(request)
+async def require_admin(platform: PlatformDep, credentials: Annotated[Credentials, Depends(admin_bearer)]) -> None:
+    token = _token(credentials)
     if _is_admin(platform, token):
         return
     if token.startswith(KEY_PREFIX) and await _tenant_for(platform, token) is not None:
         raise ApiError(403, "forbidden", "tenant API keys cannot call admin routes; use the admin token")
-    raise ApiError(401, "unauthorized", "invalid admin token", {"WWW-Authenticate": "Bearer"})
+    raise _unauthorized("invalid admin token")
 
 
 async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
@@ -74,20 +97,23 @@ async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
     return principal
 
 
-async def require_tenant(request: Request, platform: PlatformDep) -> TenantPrincipal:
-    return await authenticate_tenant(request, platform)
+async def require_tenant(platform: PlatformDep, credentials: Annotated[Credentials, Depends(tenant_bearer)]) -> TenantPrincipal:
+    return await _tenant_or_error(platform, _token(credentials))
 
 
 async def authenticate_tenant(request: Request, platform: Platform) -> TenantPrincipal:
-    """The calling tenant, or 401/403 (also called directly by the invoke route)."""
-    token = _bearer(request)
+    """The calling tenant, or 401/403, for the invoke route (which uses no dependencies)."""
+    return await _tenant_or_error(platform, _bearer(request))
+
+
+async def _tenant_or_error(platform: Platform, token: str) -> TenantPrincipal:
     principal = await _tenant_for(platform, token)
     if principal is not None:
         ctx.tenant.set(principal.name)
         return principal
     if _is_admin(platform, token):
         raise ApiError(403, "forbidden", "the admin token cannot call tenant routes; use a tenant API key")
-    raise ApiError(401, "unauthorized", "invalid or revoked API key", {"WWW-Authenticate": "Bearer"})
+    raise _unauthorized("invalid or revoked API key")
 
 
 AdminDep = Depends(require_admin)

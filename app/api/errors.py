@@ -6,8 +6,11 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from app.api.schemas import ErrorEnvelope
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,39 @@ def envelope(status: int, code: str, message: str, headers: dict[str, str] | Non
     return JSONResponse(
         status_code=status, content={"error": {"code": code, "message": message}}, headers=headers
     )
+
+
+# Status recorded (metrics, access log) when the client went away before its answer; the
+# nginx convention. Nothing is sent: there is no one to send it to.
+CLIENT_CLOSED = 499
+
+_DESCRIPTIONS = {
+    400: "malformed request (e.g. an invalid Content-Length)",
+    401: "missing, invalid or revoked credentials",
+    403: "credentials of the wrong kind, a disabled tenant, or a quota reached",
+    404: "no such resource (another tenant's resources are 404 too)",
+    409: "conflicts with the current state",
+    410: "gone",
+    413: "the body is larger than the limit",
+    415: "unsupported Content-Type",
+    422: "invalid input",
+    429: "concurrency, queue or rate limit reached; see Retry-After",
+    500: "internal error",
+    503: "no capacity now; see Retry-After",
+    504: "the invocation exceeded its time limit",
+}
+
+
+def error_responses(*statuses: int, **descriptions: str) -> dict[int | str, dict[str, object]]:
+    """OpenAPI `responses` for the error statuses a route can answer, all with the envelope.
+
+    Every route can answer 500; `descriptions` (keyed "s404" etc.) override the generic text.
+    """
+    out: dict[int | str, dict[str, object]] = {}
+    for status in sorted({*statuses, 500}):
+        text = descriptions.get(f"s{status}", _DESCRIPTIONS[status])
+        out[status] = {"model": ErrorEnvelope, "description": text}
+    return out
 
 
 _HTTP_CODES = {
@@ -68,6 +104,13 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404 and message == "Not Found":
             message = "no such route"
         return envelope(exc.status_code, code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_disconnect(_: Request, exc: ClientDisconnect) -> Response:
+        # The client went away while sending its body: not a server error, nothing to log
+        # beyond one line, and no one to answer.
+        log.info("the client closed the connection before its request was read")
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:

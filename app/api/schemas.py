@@ -8,36 +8,42 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.queue.states import InvocationMode, InvocationStatus
+from app.services.principal import QUOTA_BOUNDS, QUOTA_MINIMUMS
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,63}$"
+# Resource ids (hex today); anything else is refused before it reaches a query.
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+_B, _M = QUOTA_BOUNDS, QUOTA_MINIMUMS
 
 
 class Quota(BaseModel):
     """Per-tenant limits. In a PUT, an omitted field takes the platform default."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gpu_memory_bytes: int = Field(ge=0, description="cap on live GPU buffer bytes; 0 = no GPU access")
-    max_concurrency: int = Field(ge=1, le=1024, description="invocations running at once")
-    requests_per_second: float = Field(gt=0, description="token-bucket invoke rate (burst = 2 s)")
-    max_functions: int = Field(ge=0, description="deployed functions")
-    max_module_bytes: int = Field(ge=8, description="size of one uploaded module")
-    wasm_memory_bytes: int = Field(ge=65536, description="linear memory one instance may grow to")
-    timeout_ms: int = Field(ge=1, le=3_600_000, description="wall-clock limit of one invocation")
-    max_queued: int = Field(ge=0, le=1_000_000, description="async invocations accepted and not yet started (global)")
+    gpu_memory_bytes: int = Field(ge=_M["gpu_memory_bytes"], le=_B["gpu_memory_bytes"], description="cap on live GPU buffer bytes; 0 = no GPU access")
+    max_concurrency: int = Field(ge=_M["max_concurrency"], le=_B["max_concurrency"], description="invocations running at once")
+    requests_per_second: float = Field(ge=_M["requests_per_second"], le=_B["requests_per_second"], description="token-bucket invoke rate (burst = 2 s)")
+    max_functions: int = Field(ge=_M["max_functions"], le=_B["max_functions"], description="deployed functions")
+    max_module_bytes: int = Field(ge=_M["max_module_bytes"], le=_B["max_module_bytes"], description="size of one uploaded module")
+    wasm_memory_bytes: int = Field(ge=_M["wasm_memory_bytes"], le=_B["wasm_memory_bytes"], description="linear memory one instance may grow to")
+    timeout_ms: int = Field(ge=_M["timeout_ms"], le=_B["timeout_ms"], description="wall-clock limit of one invocation")
+    max_queued: int = Field(ge=_M["max_queued"], le=_B["max_queued"], description="async invocations accepted and not yet started (global)")
 
 
 class QuotaUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gpu_memory_bytes: int | None = Field(default=None, ge=0)
-    max_concurrency: int | None = Field(default=None, ge=1, le=1024)
-    requests_per_second: float | None = Field(default=None, gt=0)
-    max_functions: int | None = Field(default=None, ge=0)
-    max_module_bytes: int | None = Field(default=None, ge=8)
-    wasm_memory_bytes: int | None = Field(default=None, ge=65536)
-    timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
-    max_queued: int | None = Field(default=None, ge=0, le=1_000_000)
+    gpu_memory_bytes: int | None = Field(default=None, ge=_M["gpu_memory_bytes"], le=_B["gpu_memory_bytes"])
+    max_concurrency: int | None = Field(default=None, ge=_M["max_concurrency"], le=_B["max_concurrency"])
+    requests_per_second: float | None = Field(default=None, ge=_M["requests_per_second"], le=_B["requests_per_second"])
+    max_functions: int | None = Field(default=None, ge=_M["max_functions"], le=_B["max_functions"])
+    max_module_bytes: int | None = Field(default=None, ge=_M["max_module_bytes"], le=_B["max_module_bytes"])
+    wasm_memory_bytes: int | None = Field(default=None, ge=_M["wasm_memory_bytes"], le=_B["wasm_memory_bytes"])
+    timeout_ms: int | None = Field(default=None, ge=_M["timeout_ms"], le=_B["timeout_ms"])
+    max_queued: int | None = Field(default=None, ge=_M["max_queued"], le=_B["max_queued"])
 
 
 class TenantCreate(BaseModel):
@@ -156,3 +162,16 @@ class UsageOut(BaseModel):
 class Health(BaseModel):
     status: str
     detail: dict[str, Any] = {}
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="snake_case error code")
+    message: str = Field(description="what went wrong and what to do")
+    exit_code: int | None = Field(default=None, description="invoke errors: the guest's exit code, where known")
+    stderr_tail: str | None = Field(default=None, description="invoke errors: the end of the guest's stderr")
+
+
+class ErrorEnvelope(BaseModel):
+    """Every error the API answers."""
+
+    error: ErrorBody

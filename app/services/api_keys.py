@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.api.errors import not_found
-from app.db.models import ApiKey, utcnow
+from app.api.errors import ApiError, not_found
+from app.db.models import ApiKey, Tenant, utcnow
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.services.principal import TenantPrincipal
 
@@ -32,12 +32,23 @@ def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+def tenant_disabled() -> ApiError:
+    return ApiError(403, "tenant_disabled", "this tenant is disabled; ask the operator to enable it")
+
+
 class ApiKeyService:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
         self.repo = ApiKeyRepository(session)
 
     async def create(self, tenant_id: str) -> tuple[ApiKey, str]:
+        tenant = await self.session.get(Tenant, tenant_id)
+        if tenant is None:
+            raise not_found("tenant")
+        if tenant.disabled:
+            raise ApiError(
+                409, "tenant_disabled", f"tenant {tenant.name!r} is disabled; enable it before creating keys for it"
+            )
         key = generate_key()
         row = await self.repo.add(ApiKey(tenant_id=tenant_id, prefix=key[:PREFIX_LEN], key_hash=hash_key(key)))
         return row, key
@@ -54,11 +65,15 @@ class ApiKeyService:
             await self.session.flush()
 
     async def authenticate(self, key: str) -> tuple[str, TenantPrincipal] | None:
+        """The key's id and tenant; None for an unknown or revoked key; 403 `tenant_disabled`
+        for a valid key of a disabled tenant (the caller should hear why, not "invalid key")."""
         if not key.startswith(KEY_PREFIX) or len(key) < PREFIX_LEN + 8:
             return None
         digest = hash_key(key)
         for row, tenant in await self.repo.active_candidates(key[:PREFIX_LEN]):
             if hmac.compare_digest(row.key_hash, digest):
+                if tenant.disabled:
+                    raise tenant_disabled()
                 return row.id, TenantPrincipal.of(tenant)
         return None
 

@@ -35,6 +35,9 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# Status of an invocation whose caller disconnected before its answer.
+CLIENT_CLOSED = "client_closed"
+
 
 @dataclass(frozen=True)
 class FunctionMeta:
@@ -372,6 +375,11 @@ class InvokeService:
             msg = "the worker running this invocation crashed; it has been replaced, retry the call"
             self._finish(record, "worker_crashed", t0, tenant.name, error=msg)
             return InvokeOutcome(invocation_id, 500, b"", "", {"code": "worker_crashed", "message": msg})
+        except asyncio.CancelledError:
+            # the caller went away (the route cancels the call): the guest was stopped with its
+            # worker; recorded as such, not as an error
+            self._finish(record, CLIENT_CLOSED, t0, tenant.name, error="the client closed the connection before the answer")
+            raise
 
         stdout_len = int(reply.get("stdout_len", 0))
         stdout, stderr = out[:stdout_len], out[stdout_len:]
@@ -404,8 +412,8 @@ class InvokeService:
             status=status,
             duration_ms=seconds * 1000,
             exit_code=exit_code,
-            error=error,
-            stderr_tail=stderr,
+            error=error.replace("\x00", "\ufffd") if error else error,  # PostgreSQL text holds no NUL
+            stderr_tail=stderr.replace("\x00", "\ufffd") if stderr else stderr,
         )
         self.recorder.record(record)
 

@@ -17,6 +17,30 @@ QUOTA_FIELDS = (
     "max_queued",
 )
 
+# Bounds of the quota fields. Each maximum fits its column (timeout_ms, max_concurrency and
+# max_functions are 32-bit integers; the byte counts 64-bit) and is generous for one tenant.
+GIB = 1024**3
+QUOTA_BOUNDS: dict[str, int | float] = {
+    "gpu_memory_bytes": 1024 * GIB,  # 1 TiB: more than any single device holds
+    "max_concurrency": 1024,
+    "requests_per_second": 1_000_000.0,
+    "max_functions": 100_000,
+    "max_module_bytes": 256 * 1024**2,  # 256 MiB: a module is held in memory while compiled
+    "wasm_memory_bytes": 4 * GIB,  # the wasm32 address space
+    "timeout_ms": 3_600_000,  # one hour
+    "max_queued": 1_000_000,  # rows waiting in the shared database
+}
+QUOTA_MINIMUMS: dict[str, int | float] = {
+    "gpu_memory_bytes": 0,
+    "max_concurrency": 1,
+    "requests_per_second": 0.001,  # slower would make retry times overflow
+    "max_functions": 0,
+    "max_module_bytes": 8,
+    "wasm_memory_bytes": 65536,  # one page
+    "timeout_ms": 1,
+    "max_queued": 0,
+}
+
 
 @dataclass(frozen=True)
 class TenantQuota:

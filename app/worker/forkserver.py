@@ -17,7 +17,6 @@ worker dies with the fork server the same way, so nothing outlives the node.
 from __future__ import annotations
 
 import argparse
-import array
 import asyncio
 import contextlib
 import ctypes

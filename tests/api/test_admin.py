@@ -158,7 +158,11 @@ async def test_disabled_and_deleted_tenant_keys_stop_at_once(client: httpx.Async
     tid, key = await new_tenant(client)
     assert (await client.get("/v1/functions", headers=key)).status_code == 200  # now cached
     await client.patch(f"/v1/admin/tenants/{tid}", json={"disabled": True}, headers=ADMIN)
-    assert (await client.get("/v1/functions", headers=key)).status_code == 401
+    r = await client.get("/v1/functions", headers=key)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "tenant_disabled"
+    assert "disabled" in r.json()["error"]["message"] and "operator" in r.json()["error"]["message"]
+    r = await client.post(f"/v1/admin/tenants/{tid}/api-keys", headers=ADMIN)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "tenant_disabled"
     await client.patch(f"/v1/admin/tenants/{tid}", json={"disabled": False}, headers=ADMIN)
     assert (await client.get("/v1/functions", headers=key)).status_code == 200
     await client.delete(f"/v1/admin/tenants/{tid}", headers=ADMIN)

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from app.api.body import read_limited
 from app.api.deps import PlatformDep, TenantDep
+from app.api.errors import error_responses
 from app.api.routers.functions import NameParam
 from app.api.routers.invocations import invocation_out
 from app.api.schemas import InvocationOut
@@ -23,13 +24,13 @@ router = APIRouter(prefix="/v1/functions", tags=["invocations"])
     response_model=InvocationOut,
     responses={
         202: {"description": "queued (or, for a repeated Idempotency-Key, the earlier invocation); see Location"},
-        404: {"description": "no such function"},
-        413: {"description": "the body is larger than the node accepts"},
-        429: {"description": "the tenant's max_queued async invocations are waiting (queue_full); see Retry-After"},
+        **error_responses(
+            400, 401, 403, 404, 413, 422, 429,
+            s404="no such function",
+            s429="the tenant's max_queued async invocations are waiting (queue_full); see Retry-After",
+        ),
     },
-    openapi_extra={
-        "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
-    },
+    openapi_extra={"requestBody": {"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}}},
 )
 async def submit_invocation(
     name: NameParam,

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.api.deps import PlatformDep
-from app.api.errors import ApiError
+from app.api.errors import ApiError, error_responses
 from app.api.schemas import Health
 
 router = APIRouter(tags=["ops"])
@@ -19,7 +19,7 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", operation_id="readyz", response_model=Health, responses={503: {"model": Health}})
+@router.get("/readyz", operation_id="readyz", response_model=Health, responses={503: {"model": Health, "description": "the database or the workers are not ready"}})
 async def readyz(platform: PlatformDep) -> JSONResponse:
     detail: dict[str, object] = {}
     ok = True
@@ -40,7 +40,10 @@ async def readyz(platform: PlatformDep) -> JSONResponse:
     "/metrics",
     operation_id="metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
+        **error_responses(401, s401="TENSORWASM_METRICS_TOKEN is set and the request does not carry it"),
+    },
 )
 async def metrics(request: Request, platform: PlatformDep) -> Response:
     token = platform.settings.metrics_token

@@ -3,24 +3,22 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from app.api.deps import PlatformDep, SessionDep, TenantDep
-from app.api.errors import ApiError, not_found
-from app.api.schemas import InvocationOut, InvocationPage
+from app.api.errors import ApiError, error_responses, not_found
+from app.api.media import safe_media_type
+from app.api.schemas import ID_PATTERN, NAME_PATTERN, InvocationOut, InvocationPage
 from app.db.models import Invocation
 from app.db.repositories.invocations import InvocationRepository
 from app.queue.states import InvocationMode, InvocationStatus
 
 router = APIRouter(prefix="/v1/invocations", tags=["invocations"])
 
-
-def _utc(t: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every stored time is UTC."""
-    return t.replace(tzinfo=timezone.utc) if t is not None and t.tzinfo is None else t
+InvocationId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 
 def invocation_out(i: Invocation) -> InvocationOut:
@@ -30,9 +28,9 @@ def invocation_out(i: Invocation) -> InvocationOut:
         version=i.version,
         mode=InvocationMode(i.mode or InvocationMode.SYNC),
         status=InvocationStatus(i.status),
-        created_at=_utc(i.created_at) or _utc(i.started_at),
-        started_at=_utc(i.started_at),
-        ended_at=_utc(i.ended_at),
+        created_at=i.created_at or i.started_at,
+        started_at=i.started_at,
+        ended_at=i.ended_at,
         duration_ms=i.duration_ms,
         exit_code=i.exit_code,
         error=i.error,
@@ -41,7 +39,7 @@ def invocation_out(i: Invocation) -> InvocationOut:
 
 
 def _encode_cursor(i: Invocation) -> str:
-    raw = json.dumps([_utc(i.created_at).isoformat(), i.id]).encode()  # type: ignore[union-attr]
+    raw = json.dumps([i.created_at.isoformat(), i.id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -56,11 +54,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     return when, i
 
 
-_NOT_FOUND = {404: {"description": "no such invocation (or another tenant's)"}}
+_NOT_FOUND = "no such invocation (or another tenant's)"
 
 
-@router.get("/{invocation_id}", operation_id="get_invocation", response_model=InvocationOut, responses=_NOT_FOUND)
-async def get_invocation(invocation_id: str, tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> InvocationOut:
+@router.get("/{invocation_id}", operation_id="get_invocation", response_model=InvocationOut, responses=error_responses(401, 403, 404, 422, s404=_NOT_FOUND))
+async def get_invocation(invocation_id: InvocationId, tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> InvocationOut:
     repo = InvocationRepository(session, tenant.id)
     inv = await repo.get(invocation_id)
     if inv is None:
@@ -75,13 +73,13 @@ async def get_invocation(invocation_id: str, tenant: TenantDep, session: Session
     "",
     operation_id="list_invocations",
     response_model=InvocationPage,
-    responses={400: {"description": "a cursor this API did not return (invalid_cursor)"}},
+    responses=error_responses(400, 401, 403, 422, s400="a cursor this API did not return (invalid_cursor)"),
 )
 async def list_invocations(
     tenant: TenantDep,
     session: SessionDep,
     platform: PlatformDep,
-    function: Annotated[str | None, Query(max_length=63)] = None,
+    function: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     status: InvocationStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=200, description="`next_cursor` of the previous page")] = None,
@@ -103,17 +101,20 @@ async def list_invocations(
     response_class=Response,
     responses={
         200: {"description": "the stored stdout, in the function's content type; `X-Invocation-Status` says how it ended",
-              "content": {"application/octet-stream": {}}},
-        404: {"description": "no such invocation, or it was not async (synchronous calls store no output)"},
-        409: {"description": "not_finished: it is queued or running"},
-        410: {"description": "expired: the output was deleted after the retention"},
+              "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
+        **error_responses(
+            401, 403, 404, 409, 410, 422,
+            s404="no such invocation, or it was not async (synchronous calls store no output)",
+            s409="not_finished: it is queued or running",
+            s410="expired: the output was deleted after the retention",
+        ),
     },
 )
-async def get_invocation_output(invocation_id: str, tenant: TenantDep, platform: PlatformDep) -> Response:
+async def get_invocation_output(invocation_id: InvocationId, tenant: TenantDep, platform: PlatformDep) -> Response:
     inv = await platform.queue.output(tenant, invocation_id)
     return Response(
         content=inv.output or b"",
-        media_type=inv.content_type or "application/octet-stream",
+        media_type=safe_media_type(inv.content_type or ""),
         headers={"X-Invocation-Status": inv.status, "X-Invocation-Id": inv.id},
     )
 
@@ -122,9 +123,9 @@ async def get_invocation_output(invocation_id: str, tenant: TenantDep, platform:
     "/{invocation_id}/cancel",
     operation_id="cancel_invocation",
     response_model=InvocationOut,
-    responses={**_NOT_FOUND, 409: {"description": "already_finished: it ended before the cancel"}},
+    responses=error_responses(401, 403, 404, 409, 422, s404=_NOT_FOUND, s409="already_finished: it ended before the cancel"),
 )
-async def cancel_invocation(invocation_id: str, tenant: TenantDep, platform: PlatformDep) -> InvocationOut:
+async def cancel_invocation(invocation_id: InvocationId, tenant: TenantDep, platform: PlatformDep) -> InvocationOut:
     """A queued invocation is cancelled and never runs; a running one is stopped (its worker is
     replaced) and the reply comes once it ended."""
     return invocation_out(await platform.queue.cancel(tenant, invocation_id, platform.queue_runner.stop_local))

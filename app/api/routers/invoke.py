@@ -4,11 +4,16 @@ microseconds per request)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import Receive
 
 from app.api.body import read_limited
-from app.api.deps import authenticate_tenant
+from app.api.deps import TENANT_SECURITY, authenticate_tenant
+from app.api.errors import CLIENT_CLOSED, error_responses
+from app.api.media import safe_media_type
 from app.api.routers.functions import NameParam
 from app.platform import Platform
 from app.services.invocations import InvokeService
@@ -23,18 +28,19 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
     response_class=Response,
     responses={
         200: {
-            "description": "the guest's stdout; with `Accept: text/event-stream` a stream of `output` "
-            "events and one `end` event; with `?stream=raw` the raw stdout bytes, chunked, as written",
-            "content": {"application/octet-stream": {}, "text/event-stream": {}},
+            "description": "the guest's stdout, with the function's content type; with `Accept: text/event-stream` "
+            "a stream of `output` events and one `end` event; with `?stream=raw` the raw stdout bytes, chunked, as written",
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}, "text/event-stream": {"schema": {"type": "string"}}},
         },
-        404: {"description": "no such function"},
-        429: {"description": "concurrency or rate limit; see Retry-After"},
-        503: {"description": "no worker could be had in time (no_capacity); see Retry-After"},
-        500: {"description": "guest_error, output_limit_exceeded, device_error, worker_crashed or internal"},
-        504: {"description": "the invocation exceeded its time limit"},
+        **error_responses(
+            400, 401, 403, 404, 413, 422, 429, 500, 503, 504,
+            s404="no such function",
+            s500="guest_error (with exit_code and stderr_tail), output_limit_exceeded, device_error, worker_crashed or internal",
+        ),
     },
     openapi_extra={
-        "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+        "requestBody": {"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}},
+        "security": TENANT_SECURITY,
     },
 )
 async def invoke_function(name: NameParam, request: Request) -> Response:
@@ -47,10 +53,31 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
     service = InvokeService(
         platform.settings, platform.function_cache, platform.scheduler, platform.recorder, platform.metrics, platform.tracing
     )
-    outcome = await service.invoke(
-        tenant, name, body, request.url.query, request.headers.get("content-type", "")
-    )
+    call = asyncio.current_task()
+    assert call is not None
+    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
+    try:
+        outcome = await service.invoke(
+            tenant, name, body, request.url.query, request.headers.get("content-type", "")
+        )
+    except asyncio.CancelledError:
+        if not watcher.done() or watcher.cancelled():
+            raise  # not ours: the server is stopping
+        call.uncancel()
+        return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
+    finally:
+        watcher.cancel()
     headers = {"X-Invocation-Id": outcome.invocation_id, **(outcome.headers or {})}
     if outcome.error is not None:
         return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
-    return Response(content=outcome.body, status_code=200, media_type=outcome.content_type, headers=headers)
+    return Response(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
+
+
+async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> None:
+    """Cancel the call when its client goes away, which stops the guest and frees its worker.
+    The body is read by now, so the next ASGI message is the disconnect."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            call.cancel()
+            return

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import PlatformDep, SessionDep, TenantDep
+from app.api.errors import error_responses
 from app.api.schemas import Quota, UsageOut
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
@@ -12,7 +13,7 @@ from app.queue.states import InvocationStatus
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
 
-@router.get("", operation_id="get_usage", response_model=UsageOut)
+@router.get("", operation_id="get_usage", response_model=UsageOut, responses=error_responses(401, 403))
 async def get_usage(tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> UsageOut:
     live = platform.scheduler.tenant_usage(tenant.id)
     invocations = InvocationRepository(session, tenant.id)

@@ -27,11 +27,11 @@ class ApiKeyRepository:
         return key
 
     async def active_candidates(self, prefix: str) -> Sequence[tuple[ApiKey, Tenant]]:
-        """Unrevoked keys with this prefix whose tenant is enabled."""
+        """Unrevoked keys with this prefix, with their tenant (which may be disabled)."""
         q = (
             select(ApiKey, Tenant)
             .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None), Tenant.disabled.is_(False))
+            .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
         )
         return [(k, t) for k, t in (await self.session.execute(q)).all()]
 
