@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any
 
 from app.settings import Settings
@@ -17,6 +18,15 @@ from app.worker.protocol import encode, read_frame_async
 from app.worker.stats import StatsPage, stats_dir
 
 log = logging.getLogger(__name__)
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"  # process started, not ready yet
+    SPARE = "spare"  # ready, bound to no tenant
+    BINDING = "binding"  # being bound to a tenant for a call
+    IDLE = "idle"  # bound, nothing running
+    BUSY = "busy"  # bound, running a call
+    DEAD = "dead"  # killed or exited; never reused
 
 
 class WorkerLost(RuntimeError):
@@ -27,7 +37,7 @@ class WorkerLost(RuntimeError):
 class WorkerHandle:
     settings: Settings
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    state: str = "starting"  # starting | spare | idle | busy | retiring | dead
+    state: WorkerState = WorkerState.STARTING
     backend: str = "unknown"
     device: dict[str, Any] = field(default_factory=dict)
     tenant_id: str | None = None
@@ -70,7 +80,7 @@ class WorkerHandle:
             raise WorkerLost(f"worker {self.id} sent {header.get('op')!r} instead of ready")
         self.backend = header["backend"]
         self.device = header.get("device", {})
-        self.state = "spare"
+        self.state = WorkerState.SPARE
 
     async def _read(self) -> tuple[dict[str, Any], bytes]:
         assert self.proc is not None and self.proc.stdout is not None
@@ -101,7 +111,7 @@ class WorkerHandle:
         return self.stats.read() if self.stats else {}
 
     def kill(self) -> None:
-        self.state = "dead"
+        self.state = WorkerState.DEAD
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
