@@ -26,6 +26,7 @@ from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 from app.worker.client import WorkerHandle, WorkerLost, WorkerState
+from app.worker.stats import stats_dir, sweep_stale_pages
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Scheduler:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, wait: bool = True) -> None:
+        sweep_stale_pages(stats_dir(self.settings.data_dir))  # left by a node that crashed
         self._ensure_spares()
         if wait:
             deadline = time.monotonic() + self.settings.worker_start_timeout_s

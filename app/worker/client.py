@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 import uuid
@@ -15,7 +16,7 @@ from typing import Any
 
 from app.settings import Settings
 from app.worker.protocol import encode, read_frame_async
-from app.worker.stats import StatsPage, stats_dir
+from app.worker.stats import StatsPage, page_path, stats_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class WorkerHandle:
 
     async def start(self) -> None:
         s = self.settings
-        stats_path = stats_dir(s.data_dir) / f"tensorwasm-worker-{self.id}.stats"
+        stats_path = page_path(stats_dir(s.data_dir), self.id)
         self.stats = StatsPage(stats_path, create=True)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -66,6 +67,9 @@ class WorkerHandle:
             "--backend", s.backend,
             "--cache-dir", str(s.cache_dir.resolve()),
             "--stats", str(stats_path),
+            # the worker dies with this process; spawned from the event loop's thread, which
+            # lives as long as the process (the parent-death signal follows the thread)
+            "--parent-pid", str(os.getpid()),
             "--tick-ms", str(s.epoch_tick_ms),
             "--max-buffers", str(s.max_buffers_per_instance),
             "--max-modules", str(s.max_modules_per_instance),

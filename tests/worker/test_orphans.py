@@ -1,0 +1,63 @@
+"""Killing a node with SIGKILL in the middle of a guest leaves no worker running and, once the
+next node on the host starts, no stats page."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from app.worker.stats import stats_dir
+from tests.helpers import ADMIN, deploy, make_settings, new_tenant, process_alive, running_app, server_process, wat
+
+
+def _workers_of(node_pid: int) -> list[int]:
+    """Every live worker process started by `node_pid` (each names its parent on its command line)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        named = any(a == b"--parent-pid" and b == str(node_pid).encode() for a, b in zip(argv, argv[1:]))
+        if named and b"app.worker.main" in argv and process_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+async def test_sigkill_of_the_node_mid_guest_leaves_no_process_and_no_page(database_url, tmp_path) -> None:
+    with server_process(database_url, tmp_path / "node", TENSORWASM_MAX_WORKERS="2") as (proc, base):
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            _, key = await new_tenant(http, timeout_ms=600_000)
+            assert (await deploy(http, key, "loop", wat("loop"))).status_code == 201
+            call = asyncio.create_task(http.post("/v1/functions/loop/invoke", headers=key))
+            deadline = time.monotonic() + 120
+            while True:
+                workers = (await http.get("/v1/admin/workers", headers=ADMIN)).json()
+                states = [w["state"] for w in workers]
+                if "busy" in states and "starting" not in states and "binding" not in states:
+                    break
+                assert time.monotonic() < deadline, f"the guest never started: {workers}"
+                await asyncio.sleep(0.05)
+            pids = _workers_of(proc.pid)
+            assert sorted(pids) == sorted(w["pid"] for w in workers)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            with pytest.raises(httpx.HTTPError):
+                await call
+    deadline = time.monotonic() + 10  # a liveness bound, not a measurement
+    while left := _workers_of(proc.pid):
+        assert time.monotonic() < deadline, f"workers {left} outlived the node"
+        await asyncio.sleep(0.05)
+
+    shm = stats_dir(tmp_path)
+    pages = list(shm.glob(f"tensorwasm-worker-{proc.pid}.*"))
+    assert len(pages) == len(pids)  # the killed node could not remove them itself
+    async with running_app(make_settings(database_url, tmp_path / "next")):
+        assert not [p for p in pages if p.exists()]  # swept as the next node started
