@@ -137,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     p = b.add_parser("invoke", help="invoke latency/throughput against /healthz, cold start")
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=32)
+    p = b.add_parser("fairness", help="a quiet tenant's latency while another tenant floods the node")
+    p.add_argument("--workers", type=int, default=4, help="TENSORWASM_MAX_WORKERS of the server")
+    p.add_argument("--flood", type=int, default=32, help="calls the flooding tenant keeps in flight")
+    p.add_argument("--call-ms", type=int, default=5000, help="length of one flood call")
+    p.add_argument("--seconds", type=float, default=30, help="how long the flood lasts")
+    p.add_argument("--gap-ms", type=int, default=200, help="pause between the quiet tenant's calls")
+    p.add_argument("--server-root", help="serve the code of this checkout instead (a baseline)")
     p = b.add_parser("gpu", help="guest GPU paths against raw CuPy (needs a GPU)")
     args = ap.parse_args(argv)
 
