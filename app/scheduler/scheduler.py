@@ -2,7 +2,7 @@
 
 Rules (DESIGN.md section 1): a tenant's first call binds a warm spare; the binding stays while
 the tenant is active; a tenant gets more workers as its concurrency needs, up to its
-`max_concurrency`; when no worker is free the least recently used idle worker of another tenant
+`max_concurrency` and its fair share of the node; when no worker is free the least recently used idle worker of another tenant
 is evicted (killed and replaced, never handed over); a GPU binding is admitted only while the
 bound caps plus per-context overhead fit the device. A worker that dies, overruns the hard
 deadline or reports a device error is killed and replaced; only its own call fails.
