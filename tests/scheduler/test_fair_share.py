@@ -34,10 +34,11 @@ async def test_a_quiet_tenant_is_served_while_another_floods(app_factory, c_gues
             return asyncio.create_task(client.post(f"/v1/functions/{name}/invoke", content=body, headers=key))
 
         calls = [post(flood, "spin", b"2000") for _ in range(16)]  # 16 calls on 4 workers
-        # the flood holds its share, has calls waiting, and the reserved slot's worker is up
+        # the flood runs its share on 3 workers, has calls waiting, and the 4th worker is a spare
         await _until(
             lambda: s.fair.running(flood_id) == s.fair.share == 3
             and len(s.fair.queue(flood_id)) > 0
+            and sum(w.tenant_id == flood_id and w.state == WorkerState.BUSY for w in s.workers) == 3
             and any(w.state == WorkerState.SPARE for w in s.workers),
             "the flood at its share with a spare ready",
         )
