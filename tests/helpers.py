@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,62 +89,6 @@ async def deploy(client: httpx.AsyncClient, headers: dict[str, str], name: str, 
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def server_process(database_url: str, data_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """A real `tensorwasm serve` process on a free port (test admin token, the test backend),
-    with this tree first on its path; yields (process, base URL) once /readyz answers 200.
-    `env` adds or overrides TENSORWASM_* variables. The process is stopped on exit if alive."""
-    port = free_port()
-    full = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        "TENSORWASM_DATABASE_URL": database_url,
-        "TENSORWASM_DATA_DIR": str(data_dir),
-        "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN,
-        "TENSORWASM_PORT": str(port),
-        "TENSORWASM_BACKEND": os.environ.get("TENSORWASM_TEST_BACKEND", "cpu"),
-        "TENSORWASM_LOG_LEVEL": "warning",
-        **env,
-    }
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, f"the server exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "the server did not become ready"
-            time.sleep(0.1)
-        yield proc, base
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def process_alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
 def wat(name: str) -> bytes:
     return bytes(wasmtime.wat2wasm((GUESTS / f"{name}.wat").read_text()))
 
@@ -160,3 +106,92 @@ def build_c(source: Path, out_dir: Path) -> bytes:
         assert res.returncode == 0, f"zig cc failed:\n{res.stderr}"
         _C_CACHE[key] = out.read_bytes()
     return _C_CACHE[key]
+
+
+@dataclass
+class ServerProcess:
+    """A `tensorwasm serve` running as its own process (group), as a user would start it."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path  # its stdout and stderr
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def interrupt(self) -> int:
+        """Ctrl-C as a terminal sends it (to the whole process group); returns the exit code."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+        return self.proc.wait(timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server_process(
+    data_dir: Path,
+    database_url: str | None = None,
+    *,
+    command: list[str] | None = None,
+    env: dict[str, str | None] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[ServerProcess]:
+    """Start `tensorwasm serve` (or ``command``) on a free port and wait for /readyz; an
+    ``env`` value of None removes that variable."""
+    port = _free_port()
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWASM_")}
+    full.update(
+        TENSORWASM_DATA_DIR=str(data_dir),
+        TENSORWASM_PORT=str(port),
+        TENSORWASM_BACKEND=os.environ.get("TENSORWASM_TEST_BACKEND", "cpu"),
+        TENSORWASM_MAX_WORKERS="2",
+        TENSORWASM_LOG_FORMAT="console",
+    )
+    if database_url:
+        full["TENSORWASM_DATABASE_URL"] = database_url
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command or [sys.executable, "-m", "app.cli", "serve"],
+            env=full, cwd=cwd or data_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the server did not become ready:\n{server.log()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"

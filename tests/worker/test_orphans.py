@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.worker.stats import stats_dir
-from tests.helpers import ADMIN, deploy, make_settings, new_tenant, process_alive, running_app, server_process, wat
+from tests.helpers import ADMIN, ADMIN_TOKEN, deploy, make_settings, new_tenant, process_alive, running_app, server_process, wat
 
 
 def _workers_of(node_pid: int) -> list[int]:
@@ -32,8 +32,9 @@ def _workers_of(node_pid: int) -> list[int]:
 
 
 async def test_sigkill_of_the_node_mid_guest_leaves_no_process_and_no_page(database_url, tmp_path) -> None:
-    with server_process(database_url, tmp_path / "node", TENSORWASM_MAX_WORKERS="2") as (proc, base):
-        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
+        proc = server.proc
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
             _, key = await new_tenant(http, timeout_ms=600_000)
             assert (await deploy(http, key, "loop", wat("loop"))).status_code == 201
             call = asyncio.create_task(http.post("/v1/functions/loop/invoke", headers=key))
