@@ -67,9 +67,10 @@ class WorkerHandle:
             "--backend", s.backend,
             "--cache-dir", str(s.cache_dir.resolve()),
             "--stats", str(stats_path),
-            # the worker dies with this process; spawned from the event loop's thread, which
-            # lives as long as the process (the parent-death signal follows the thread)
-            "--parent-pid", str(os.getpid()),
+            # the worker dies with this process (its watchdog watches this pid); spawned from the
+            # event loop's thread, which lives as long as the process, as the parent-death
+            # signal follows the thread that forked
+            "--node-pid", str(os.getpid()),
             "--tick-ms", str(s.epoch_tick_ms),
             "--max-buffers", str(s.max_buffers_per_instance),
             "--max-modules", str(s.max_modules_per_instance),

@@ -40,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-modules", type=int, default=64)
     ap.add_argument("--gpu-memory", default="managed", choices=("managed", "device"))
     ap.add_argument("--pin-budget", type=int, default=0)
-    ap.add_argument("--parent-pid", type=int, default=None, help="die when this process is gone")
+    ap.add_argument("--node-pid", type=int, default=None, help="die when this process (the node) is gone")
     args = ap.parse_args(argv)
-    if args.parent_pid is not None:
+    if args.node_pid is not None:
         from app.worker.lifeline import die_with_parent
 
-        die_with_parent(args.parent_pid)  # first: before the seconds spent importing the runtime
+        die_with_parent(args.node_pid)  # first: before the seconds spent importing the runtime
 
     # Keep the protocol on private descriptors; anything printed lands on stderr instead.
     proto_in = os.fdopen(os.dup(0), "rb", buffering=1 << 16)

@@ -18,6 +18,8 @@ import re
 import struct
 from pathlib import Path
 
+from app.worker.lifeline import start_time
+
 log = logging.getLogger(__name__)
 
 FIELDS = ("gpu_bytes_in_use", "gpu_bytes_cap", "launches", "invocations")
@@ -32,32 +34,10 @@ def stats_dir(data_dir: Path) -> Path:
     return base
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot), None if no such process runs.
-
-    With pid, it names one process for good: a pid reused later has another start time."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc (not Linux): the pid alone
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return "0"
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):  # a zombie runs no more
-        return None
-    return fields[19]  # field 22 of proc(5); the split starts at field 3
-
-
 def page_path(base: Path, worker_id: str) -> Path:
     """Where this process puts the page of worker `worker_id`."""
     pid = os.getpid()
-    return base / f"{_PREFIX}{pid}.{_start_time(pid) or 0}-{worker_id}.stats"
+    return base / f"{_PREFIX}{pid}.{start_time(pid) or 0}-{worker_id}.stats"
 
 
 def sweep_stale_pages(base: Path) -> int:
@@ -66,7 +46,7 @@ def sweep_stale_pages(base: Path) -> int:
     with contextlib.suppress(OSError):
         for path in base.iterdir():
             m = _NAME.fullmatch(path.name)
-            if m is None or _start_time(int(m.group(1))) == m.group(2):
+            if m is None or start_time(int(m.group(1))) == m.group(2):
                 continue
             with contextlib.suppress(OSError):  # another user's, or removed meanwhile
                 path.unlink()

@@ -1,4 +1,4 @@
-"""A worker never outlives its parent (the watchdog on its own, without the parent-death signal),
+"""A worker never outlives its node (the watchdog on its own, without the parent-death signal),
 and stats pages are private, and swept only when their owner no longer runs."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from tests.helpers import ADMIN, ADMIN_TOKEN, deploy, make_settings, new_tenant,
 
 
 def _workers_of(node_pid: int) -> list[int]:
-    """Every live worker process started by `node_pid` (each names its parent on its command line)."""
+    """Every live worker process started by `node_pid` (each names its node on its command line)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -25,7 +25,7 @@ def _workers_of(node_pid: int) -> list[int]:
             argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        named = any(a == b"--parent-pid" and b == str(node_pid).encode() for a, b in zip(argv, argv[1:]))
+        named = any(a == b"--node-pid" and b == str(node_pid).encode() for a, b in zip(argv, argv[1:]))
         if named and b"app.worker.main" in argv and process_alive(int(entry)):
             found.append(int(entry))
     return found
