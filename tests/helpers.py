@@ -243,3 +243,12 @@ class Node:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"

@@ -46,8 +46,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def server(ready_path: str = "/readyz", **env: str) -> Iterator[str]:
+def server(ready_path: str = "/readyz", root: str | None = None, **env: str) -> Iterator[str]:
     """A real `tensorwasm serve` on a free port with a fresh SQLite data dir; yields its base URL.
+    `root`: serve the code of another checkout (to measure a change against the code before it).
 
     A node that keeps no warm spares is never "ready" before its first call: wait for /healthz.
     """
@@ -55,6 +56,7 @@ def server(ready_path: str = "/readyz", **env: str) -> Iterator[str]:
         port = free_port()
         full = {
             **os.environ,
+            **({"PYTHONPATH": root} if root else {}),
             "TENSORWASM_DATA_DIR": data,
             "TENSORWASM_ADMIN_TOKEN": ADMIN,
             "TENSORWASM_PORT": str(port),

@@ -93,6 +93,21 @@ def bench_invoke(seconds: float, processes: int, workers: int, quota_concurrency
     raise SystemExit(run(args))
 
 
+@bench.command("fairness")
+@click.option("--workers", type=int, default=4, show_default=True, help="TENSORWASM_MAX_WORKERS of the server")
+@click.option("--flood", type=int, default=32, show_default=True, help="calls the flooding tenant keeps in flight")
+@click.option("--call-ms", type=int, default=5000, show_default=True, help="length of one flood call")
+@click.option("--seconds", type=float, default=30, show_default=True, help="how long the flood lasts")
+@click.option("--gap-ms", type=int, default=200, show_default=True, help="pause between the quiet tenant's calls")
+@click.option("--server-root", help="serve the code of this checkout instead (a baseline)")
+def bench_fairness(workers: int, flood: int, call_ms: int, seconds: float, gap_ms: int, server_root: str | None) -> None:
+    """A quiet tenant's latency while another tenant floods the node."""
+    from app.bench.fairness import bench_fairness as run
+
+    args = SimpleNamespace(workers=workers, flood=flood, call_ms=call_ms, seconds=seconds, gap_ms=gap_ms, server_root=server_root)
+    raise SystemExit(run(args))
+
+
 @bench.command("gpu")
 def bench_gpu() -> None:
     """Guest GPU paths against raw CuPy (needs a GPU and a checkout's examples)."""

@@ -5,20 +5,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any
 
 from app.settings import Settings
 from app.worker.forkserver import ForkedProcess, ForkServer
 from app.worker.protocol import encode, read_frame_async
-from app.worker.stats import StatsPage, stats_dir
+from app.worker.stats import StatsPage, page_path, stats_dir
 
 log = logging.getLogger(__name__)
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"  # process started, not ready yet
+    SPARE = "spare"  # ready, bound to no tenant
+    BINDING = "binding"  # being bound to a tenant for a call
+    IDLE = "idle"  # bound, nothing running
+    BUSY = "busy"  # bound, running a call
+    DEAD = "dead"  # killed or exited; never reused
 
 
 class WorkerLost(RuntimeError):
@@ -29,7 +40,7 @@ class WorkerLost(RuntimeError):
 class WorkerHandle:
     settings: Settings
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    state: str = "starting"  # starting | spare | idle | busy | retiring | dead
+    state: WorkerState = WorkerState.STARTING
     backend: str = "unknown"
     device: dict[str, Any] = field(default_factory=dict)
     tenant_id: str | None = None
@@ -50,12 +61,16 @@ class WorkerHandle:
 
     async def start(self) -> None:
         s = self.settings
-        stats_path = stats_dir(s.data_dir) / f"tensorwasm-worker-{self.id}.stats"
+        stats_path = page_path(stats_dir(s.data_dir), self.id)
         self.stats = StatsPage(stats_path, create=True)
         argv = [
             "--backend", s.backend,
             "--cache-dir", str(s.cache_dir.resolve()),
             "--stats", str(stats_path),
+            # the worker dies with this process (its watchdog watches this pid); spawned from the
+            # event loop's thread, which lives as long as the process, as the parent-death
+            # signal follows the thread that forked
+            "--node-pid", str(os.getpid()),
             "--tick-ms", str(s.epoch_tick_ms),
             "--max-buffers", str(s.max_buffers_per_instance),
             "--max-modules", str(s.max_modules_per_instance),
@@ -74,7 +89,7 @@ class WorkerHandle:
             raise WorkerLost(f"worker {self.id} sent {header.get('op')!r} instead of ready")
         self.backend = header["backend"]
         self.device = header.get("device", {})
-        self.state = "spare"
+        self.state = WorkerState.SPARE
 
     async def _read(self) -> tuple[dict[str, Any], bytes]:
         assert self.proc is not None and self.proc.stdout is not None
@@ -114,7 +129,7 @@ class WorkerHandle:
         return self.stats.read() if self.stats else {}
 
     def kill(self) -> None:
-        self.state = "dead"
+        self.state = WorkerState.DEAD
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
