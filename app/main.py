@@ -16,6 +16,7 @@ from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
+from app.sandbox import Sandbox
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
@@ -42,9 +43,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
     engine = create_engine_for(settings.resolved_database_url)
     sessionmaker = create_sessionmaker(engine)
-    compiler = ModuleCompiler(ArtifactCache(settings.cache_dir))
-    scheduler = Scheduler(settings)
     metrics: Metrics = app.state.metrics
+    sandbox = Sandbox(
+        settings.compile_memory_bytes,
+        settings.compile_timeout_s,
+        settings.compile_concurrency,
+        on_result=lambda kind, outcome, seconds: metrics.compile(kind.value, outcome.value, seconds),
+    )
+    compiler = ModuleCompiler(ArtifactCache(settings.cache_dir), sandbox)
+    scheduler = Scheduler(settings)
     metrics.attach(scheduler)
     scheduler.on_bind = metrics.cold_start_seconds.observe
     recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size)
@@ -65,10 +72,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     recorder.start()
     refresher.start()
     await scheduler.start(wait=True)
+    sandbox.start()  # after the workers: the two compete for the cores at start
     try:
         yield
     finally:
         await refresher.stop()
+        await sandbox.stop()
         await recorder.stop()
         await scheduler.stop()
         await engine.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from app.main import create_app
+from app.runtime.artifacts import ArtifactCache
+from app.runtime.engine import make_engine
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,3 +105,14 @@ def build_c(source: Path, out_dir: Path) -> bytes:
         assert res.returncode == 0, f"zig cc failed:\n{res.stderr}"
         _C_CACHE[key] = out.read_bytes()
     return _C_CACHE[key]
+
+
+def compile_artifact(cache: ArtifactCache, wasm: bytes) -> str:
+    """Compile a test's own (trusted) module in this process into `cache`; returns its sha256.
+
+    The platform compiles tenant modules only in its sandbox (app.sandbox); tests that drive a
+    GuestRunner directly need an artifact without a running app.
+    """
+    sha = hashlib.sha256(wasm).hexdigest()
+    cache.store(sha, wasmtime.Module(make_engine(), wasm))
+    return sha

@@ -28,6 +28,7 @@ from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
 from app.runtime.compiler import ModuleCompiler
 from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
+from app.services.functions import compile_errors
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 
@@ -103,7 +104,8 @@ class FunctionCache:
         if not self.compiler.cache.has(sha):  # deployed through another node
             wasm = await repo.module_bytes(fn, fn.current_version)
             assert wasm is not None
-            await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
+            with compile_errors():
+                await self.compiler.ensure_artifact(tenant_id, sha, wasm)
         return self.meta_for(fn, sha)
 
     async def kernels(self, tenant_id: str) -> KernelSet:
@@ -142,7 +144,10 @@ class FunctionCache:
         async with self.sessionmaker() as session:
             for key in list(self._used):
                 gen = self._gen.get(key, 0)
-                meta = await self._load_function(session, *key)
+                try:
+                    meta = await self._load_function(session, *key)
+                except ApiError:  # its module cannot be compiled here now; its calls say so
+                    meta = None
                 if self._gen.get(key, 0) != gen:
                     continue  # changed on this node while we read: the local entry is newer
                 if meta is None:

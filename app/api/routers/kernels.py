@@ -36,7 +36,7 @@ async def put_kernel(name: NameParam, request: Request, tenant: TenantDep, sessi
     require_content_type(request, "text/plain", "text/x-cuda", "application/octet-stream")
     raw = await read_limited(request, MAX_SOURCE_BYTES, "the kernel source")
     arch = next((w.device.get("compute_capability") for w in platform.scheduler.workers if w.backend == "cuda"), None)
-    kernel, created = await KernelService(session, tenant).put(name, raw, arch or None)
+    kernel, created = await KernelService(session, tenant).put(name, raw, arch or None, platform.compiler)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
     return JSONResponse(status_code=201 if created else 200, content=kernel_out(kernel).model_dump(mode="json"))
