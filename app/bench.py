@@ -1,4 +1,4 @@
-"""Benchmarks (`tensorwasm bench invoke|gpu`). Every figure is printed next to a baseline
+"""Benchmarks (`tensorwasm bench invoke|gpu|compile`). Every figure is printed next to a baseline
 measured in the same run, as a ratio, so results compare across machines."""
 
 from __future__ import annotations
@@ -185,6 +185,10 @@ def bench_invoke(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     if args.bench_cmd == "invoke":
         return bench_invoke(args)
+    if args.bench_cmd == "compile":
+        from app.sandbox.bench import bench_compile
+
+        return bench_compile(args)
     from app.gpu.bench import bench_gpu
 
     return bench_gpu(args)

@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=32)
     p = b.add_parser("gpu", help="guest GPU paths against raw CuPy (needs a GPU)")
+    p = b.add_parser("compile", help="a compile bomb against a server with the default compile limits")
+    p.add_argument("--locals", type=int, default=5000, help="i64 locals of the bomb's function")
+    p.add_argument("--blocks", type=int, default=50000, help="`if` blocks of the bomb's function")
+    p.add_argument("--small", type=int, default=10, help="small deploys of another tenant, before and during")
     args = ap.parse_args(argv)
 
     if args.cmd == "serve":

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from app.main import create_app
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.engine import make_engine
+from app.sandbox.bench import compile_bomb_wat
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,3 +117,10 @@ def compile_artifact(cache: ArtifactCache, wasm: bytes) -> str:
     sha = hashlib.sha256(wasm).hexdigest()
     cache.store(sha, wasmtime.Module(make_engine(), wasm))
     return sha
+
+
+def compile_bomb(n_locals: int, n_blocks: int) -> bytes:
+    """A valid WASI command that is small to send and costly to compile: one function with
+    `n_locals` i64 locals and `n_blocks` small `if` blocks that add locals (cranelift's memory
+    grows with their product)."""
+    return bytes(wasmtime.wat2wasm(compile_bomb_wat(n_locals, n_blocks)))

@@ -7,6 +7,7 @@ workers only ever deserialize artifacts the platform produced.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -34,6 +35,9 @@ class ModuleCompiler:
     def __init__(self, cache: ArtifactCache, sandbox: Sandbox) -> None:
         self.cache = cache
         self.sandbox = sandbox
+        # one compile per module at a time: concurrent callers (a call and the cache refresh
+        # after a cache loss, two deploys of the same bytes) share its result
+        self._inflight: dict[str, asyncio.Task[ModuleInfo]] = {}
 
     async def compile(self, tenant_id: str, wasm: bytes) -> tuple[str, ModuleInfo]:
         """Validate and compile; raises InvalidModule or ModuleTooComplex, for the tenant."""
@@ -63,6 +67,15 @@ class ModuleCompiler:
             raise KernelCompileFailed(f"the CUDA source does not compile:\n{result.data['message']}")
 
     async def _compile(self, tenant_id: str, sha: str, wasm: bytes) -> ModuleInfo:
+        task = self._inflight.get(sha)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._compile_once(tenant_id, sha, wasm))
+            self._inflight[sha] = task
+            task.add_done_callback(lambda _: self._inflight.pop(sha, None))
+        # shielded: a caller that goes away (a closed connection) does not cancel the others'
+        return await asyncio.shield(task)
+
+    async def _compile_once(self, tenant_id: str, sha: str, wasm: bytes) -> ModuleInfo:
         fd, tmp = tempfile.mkstemp(dir=self.cache.root, suffix=".tmp")  # 0600
         os.close(fd)
         try:

@@ -199,23 +199,27 @@ class Sandbox:
         """
         async with self.limiter.slot(tenant):
             t0 = time.monotonic()
-            outcome = CompileOutcome.CRASHED
             try:
                 result = await self._run_job(kind, payload, params)
-                outcome = result.outcome
-                return result
             except LimitExceeded as exc:
-                outcome = exc.outcome
+                self._record(tenant, kind, exc.outcome, t0)
                 raise
             except SandboxUnavailable:
-                outcome = CompileOutcome.UNAVAILABLE
+                self._record(tenant, kind, CompileOutcome.UNAVAILABLE, t0)
                 raise
-            finally:
-                seconds = time.monotonic() - t0
-                if outcome not in (CompileOutcome.OK, CompileOutcome.INVALID):
-                    log.warning("compile refused: tenant=%s kind=%s outcome=%s after %.2f s", tenant, kind.value, outcome.value, seconds)
-                if self.on_result is not None:
-                    self.on_result(kind, outcome, seconds)
+            except SandboxCrashed:
+                self._record(tenant, kind, CompileOutcome.CRASHED, t0)
+                raise
+            # (cancelled: the caller went away, its process was killed; no verdict to count)
+            self._record(tenant, kind, result.outcome, t0)
+            return result
+
+    def _record(self, tenant: str, kind: JobKind, outcome: CompileOutcome, t0: float) -> None:
+        seconds = time.monotonic() - t0
+        if outcome not in (CompileOutcome.OK, CompileOutcome.INVALID):
+            log.warning("compile refused: tenant=%s kind=%s outcome=%s after %.2f s", tenant, kind.value, outcome.value, seconds)
+        if self.on_result is not None:
+            self.on_result(kind, outcome, seconds)
 
     async def _run_job(self, kind: JobKind, payload: bytes, params: dict[str, Any]) -> SandboxResult:
         if self._closed:
