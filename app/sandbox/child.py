@@ -73,7 +73,17 @@ def check_cuda(job: dict[str, Any], payload: bytes) -> dict[str, Any]:
     log = check_cuda_source(payload.decode("utf-8"), job.get("arch"))
     if log is None:
         return {"outcome": "ok", "checked": True}
+    if looks_like_oom(log):  # NVRTC reports a failed allocation as a compile error
+        return {"outcome": "memory"}
     return {"outcome": "invalid", "message": log}
+
+
+def prepare(kind: str) -> None:
+    """Load what the job needs before the limit: libraries are the platform's cost, not the code's."""
+    if kind == "cuda":
+        from app.gpu.nvrtc_check import compiler_available
+
+        compiler_available()  # loads NVRTC (on a GPU node: over 1 GiB of address space at once)
 
 
 def serve_one(engine: Any, inp: BinaryIO, out: BinaryIO) -> int:
@@ -84,6 +94,7 @@ def serve_one(engine: Any, inp: BinaryIO, out: BinaryIO) -> int:
         return 0
     job = json.loads(line)
     payload = inp.read(int(job["size"]))
+    prepare(job["kind"])
     limit_memory(int(job["memory_bytes"]))
     try:
         if job["kind"] == "wasm":

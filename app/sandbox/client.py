@@ -70,6 +70,10 @@ def child_env() -> dict[str, str]:
     # One malloc arena per thread reserves 64 MiB of address space each: on a many-core node
     # that alone would eat the memory limit (RLIMIT_AS counts reservations).
     env["MALLOC_ARENA_MAX"] = "2"
+    # NumPy comes in with NVRTC's bindings; OpenBLAS's per-core buffers failed its import under
+    # a 512 MiB limit on a 16-core node. No compile uses BLAS.
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 

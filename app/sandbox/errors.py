@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-# How a failed allocation reads: the Rust compiler's abort message, or an error it returned.
-_OOM_MARKERS = ("memory allocation of", "cannot allocate memory", "os error 12", "out of memory")
+# How a failed allocation reads: the Rust compiler's abort message, an error it returned, or
+# a C++ compiler's uncaught std::bad_alloc.
+_OOM_MARKERS = ("memory allocation of", "cannot allocate memory", "os error 12", "out of memory", "bad_alloc")
 
 
 def looks_like_oom(message: str) -> bool:
