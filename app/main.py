@@ -16,7 +16,7 @@ from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
-from app.sandbox import Sandbox
+from app.sandbox.client import Sandbox
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher

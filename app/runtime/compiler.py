@@ -16,7 +16,8 @@ from pathlib import Path
 
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.validation import InvalidModule, ModuleInfo
-from app.sandbox import CompileOutcome, JobKind, LimitExceeded, Sandbox, SandboxCrashed, SandboxUnavailable
+from app.sandbox.client import JobKind, Sandbox
+from app.sandbox.errors import CompileOutcome, LimitExceeded, SandboxCrashed, SandboxUnavailable
 
 
 class ModuleTooComplex(ValueError):

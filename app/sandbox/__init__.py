@@ -6,19 +6,5 @@ child (`app.sandbox.child`) under an address-space limit and a wall-clock limit,
 api process's side; `app.runtime.compiler` is what services call.
 """
 
-from app.sandbox.client import JobKind, Sandbox, SandboxResult
-from app.sandbox.errors import CompileOutcome, Limit, LimitExceeded, SandboxCrashed, SandboxError, SandboxUnavailable
-from app.sandbox.limiter import FairLimiter
-
-__all__ = [
-    "CompileOutcome",
-    "FairLimiter",
-    "JobKind",
-    "Limit",
-    "LimitExceeded",
-    "Sandbox",
-    "SandboxCrashed",
-    "SandboxError",
-    "SandboxResult",
-    "SandboxUnavailable",
-]
+# Nothing is imported here: compile processes import `app.sandbox.child`, and every module
+# this package pulls in is start-up time of each of them (asyncio alone ~0.25 s on a busy VM).

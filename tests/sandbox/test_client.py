@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import wasmtime
 
-from app.sandbox import CompileOutcome, JobKind, Limit, LimitExceeded, Sandbox
+from app.sandbox.client import JobKind, Sandbox
+from app.sandbox.errors import CompileOutcome, Limit, LimitExceeded
 from tests.helpers import ROOT, compile_bomb, wat
 
 GiB = 1024**3
@@ -100,7 +101,7 @@ async def test_a_cancelled_job_takes_its_process_with_it(tmp_path: Path) -> None
 PARENT = textwrap.dedent(
     """
     import asyncio, sys
-    from app.sandbox import JobKind, Sandbox
+    from app.sandbox.client import JobKind, Sandbox
     from tests.helpers import compile_bomb
 
     async def main():
