@@ -28,8 +28,12 @@ from app.runtime.validation import InvalidModule, check_module, compile_module
 from app.sandbox.errors import looks_like_oom
 
 PR_SET_PDEATHSIG = 1
-# Below the serving processes and workers: a long compile must not slow anyone's calls.
-NICENESS = 10
+# (module (func (export "f") (param i32) (result i32) local.get 0 i32.const 1 i32.add)
+#   (func (export "g") (result i32) i32.const 2))
+WARMUP_MODULE = bytes.fromhex(
+    "0061736d01000000010a0260017f017f6000017f03030200010709020166000001670001"
+    "0a0e020700200041016a0b040041020b"
+)
 
 
 def die_with_parent(parent: int) -> None:
@@ -117,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the api process
-    os.nice(NICENESS)
     engine = make_engine()  # before the limit: the same for every job, and ready before it comes
+    # the compiler's first-use costs (its thread pool, code memory) are paid here, not by the job
+    compile_module(engine, WARMUP_MODULE).serialize()
     return serve_one(engine, sys.stdin.buffer, sys.stdout.buffer)
 
 
