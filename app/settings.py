@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     max_modules_per_instance: int = 64
 
     # --- compiles of tenant code (Wasm modules, CUDA sources), each in a sandbox process ---
-    # Address space one compile process may map, its interpreter and compiler included (~250
+    # Address space one compile process may map, its interpreter and compiler included (~200
     # MiB before any work); a compile that needs more is refused with 422.
     compile_memory_bytes: int = Field(default=2 * 1024**3, ge=256 * 1024**2)
     # Wall-clock limit of one compile; the process is killed past it and the upload refused (422).
