@@ -17,6 +17,7 @@ from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
+from app.sandbox.client import Sandbox
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
@@ -57,9 +58,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         announce_admin_token(settings, token)
     engine = create_engine_for(settings.resolved_database_url)
     sessionmaker = create_sessionmaker(engine)
-    compiler = ModuleCompiler(ArtifactCache(settings.cache_dir))
-    scheduler = Scheduler(settings)
     metrics: Metrics = app.state.metrics
+    sandbox = Sandbox(
+        settings.compile_memory_bytes,
+        settings.compile_timeout_s,
+        settings.compile_concurrency,
+        on_result=lambda kind, outcome, seconds: metrics.compile(kind.value, outcome.value, seconds),
+    )
+    compiler = ModuleCompiler(ArtifactCache(settings.cache_dir), sandbox)
+    scheduler = Scheduler(settings)
     metrics.attach(scheduler)
     scheduler.on_bind = metrics.cold_start_seconds.observe
     recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size)
@@ -91,11 +98,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler.backend, ", ".join(devices) or "none", describe_database(settings.resolved_database_url),
     )
     await platform.queue_runner.start()
+    sandbox.start()  # after the workers: the two compete for the cores at start
     try:
         yield
     finally:
         await platform.queue_runner.stop()
         await refresher.stop()
+        await sandbox.stop()
         await recorder.stop()
         await scheduler.stop()
         await engine.dispose()

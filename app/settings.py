@@ -98,6 +98,16 @@ class Settings(BaseSettings):
     # How often outputs past the retention and expired leases are swept.
     queue_sweep_s: float = 60.0
 
+    # --- compiles of tenant code (Wasm modules, CUDA sources), each in a sandbox process ---
+    # Address space one compile process may map, its interpreter and compiler included (~200
+    # MiB before any work); a compile that needs more is refused with 422.
+    compile_memory_bytes: int = Field(default=2 * 1024**3, ge=256 * 1024**2)
+    # Wall-clock limit of one compile; the process is killed past it and the upload refused (422).
+    compile_timeout_s: float = Field(default=30.0, gt=0)
+    # Compiles at once on this node, at most one per tenant (a tenant's others wait their turn):
+    # another tenant's deploy waits for at most one compile to finish.
+    compile_concurrency: int = Field(default=2, ge=1)
+
     # --- invocation records ----------------------------------------------------------------
     record_flush_interval_s: float = 0.2
     record_batch_size: int = 500

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -21,6 +22,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from app.main import create_app
+from app.runtime.artifacts import ArtifactCache
+from app.runtime.engine import make_engine
+from app.bench.compile import compile_bomb_wat
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,3 +256,21 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def compile_artifact(cache: ArtifactCache, wasm: bytes) -> str:
+    """Compile a test's own (trusted) module in this process into `cache`; returns its sha256.
+
+    The platform compiles tenant modules only in its sandbox (app.sandbox); tests that drive a
+    GuestRunner directly need an artifact without a running app.
+    """
+    sha = hashlib.sha256(wasm).hexdigest()
+    cache.store(sha, wasmtime.Module(make_engine(), wasm))
+    return sha
+
+
+def compile_bomb(n_locals: int, n_blocks: int) -> bytes:
+    """A valid WASI command that is small to send and costly to compile: one function with
+    `n_locals` i64 locals and `n_blocks` small `if` blocks that add locals (cranelift's memory
+    grows with their product)."""
+    return bytes(wasmtime.wat2wasm(compile_bomb_wat(n_locals, n_blocks)))

@@ -108,6 +108,17 @@ def bench_fairness(workers: int, flood: int, call_ms: int, seconds: float, gap_m
     raise SystemExit(run(args))
 
 
+@bench.command("compile")
+@click.option("--locals", "n_locals", type=int, default=5000, show_default=True, help="i64 locals of the bomb's function")
+@click.option("--blocks", type=int, default=50000, show_default=True, help="`if` blocks of the bomb's function")
+@click.option("--small", type=int, default=10, show_default=True, help="small deploys of another tenant, before and during")
+def bench_compile(n_locals: int, blocks: int, small: int) -> None:
+    """A compile bomb against a server with the default compile limits."""
+    from app.bench.compile import bench_compile as run
+
+    raise SystemExit(run(SimpleNamespace(locals=n_locals, blocks=blocks, small=small)))
+
+
 @bench.command("gpu")
 def bench_gpu() -> None:
     """Guest GPU paths against raw CuPy (needs a GPU and a checkout's examples)."""

@@ -14,6 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from app.sandbox.client import JobKind
+from app.sandbox.errors import CompileOutcome
+
 if TYPE_CHECKING:
     from app.scheduler.scheduler import Scheduler
 
@@ -21,6 +24,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
 RESTART_REASONS = ("crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed")
 WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
+COMPILE_KINDS = tuple(k.value for k in JobKind)
+COMPILE_OUTCOMES = tuple(o.value for o in CompileOutcome)
 
 
 class Metrics:
@@ -34,8 +39,14 @@ class Metrics:
         self.compile_cache = Counter("tensorwasm_kernel_compile_cache", "Kernel module loads by compile-cache result", ["result"], registry=r)
         self.http_requests = Counter("tensorwasm_http_requests", "HTTP requests by route template", ["method", "route", "status"], registry=r)
         self.http_seconds = Histogram("tensorwasm_http_request_duration_seconds", "HTTP latency by route template", ["method", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.compiles = Counter("tensorwasm_compiles", "Compiles of tenant code in the sandbox, by kind (wasm, cuda) and outcome", ["kind", "outcome"], registry=r)
+        self.compile_seconds = Histogram("tensorwasm_compile_duration_seconds", "Sandboxed compile time, waiting for a slot excluded", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         for result in ("hit", "miss"):
             self.compile_cache.labels(result)  # present (at 0) before the first GPU module
+        for kind in COMPILE_KINDS:
+            self.compile_seconds.labels(kind)
+            for outcome in COMPILE_OUTCOMES:
+                self.compiles.labels(kind, outcome)  # every series exists from the start
         # label children by label values: `labels()` locks and rebuilds its key on every call
         self._children: dict[tuple[object, ...], object] = {}
 
@@ -45,6 +56,10 @@ class Metrics:
         if c is None:
             c = self._children[key] = metric.labels(*values)  # type: ignore[attr-defined]
         return c
+
+    def compile(self, kind: str, outcome: str, seconds: float) -> None:
+        self.child(self.compiles, kind, outcome).inc()
+        self.child(self.compile_seconds, kind).observe(seconds)
 
     def attach(self, scheduler: "Scheduler") -> None:
         self.registry.register(_LiveCollector(scheduler))

@@ -1,7 +1,8 @@
 """On-disk cache of compiled modules, keyed by module sha256 and engine fingerprint.
 
 Only this platform writes the cache directory (mode 0700, inside the data dir), so only
-artifacts it produced are ever deserialized.
+artifacts it produced are ever deserialized: the compile sandbox writes into a file the api
+process created here, which is adopted only after the compile process answered cleanly.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ class ArtifactCache:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)  # atomic: a reader sees the whole artifact or none
+        return path
+
+    def adopt(self, sha256: str, compiled: Path) -> Path:
+        """Move a file the compile sandbox wrote (in `root`) into place, atomically."""
+        path = self.path_for(sha256)
+        if not path.exists():
+            os.replace(compiled, path)
         return path
 
     def load(self, engine: wasmtime.Engine, sha256: str) -> wasmtime.Module:

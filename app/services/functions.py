@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-import anyio
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.errors import ApiError, not_found
 from app.db.models import Function, FunctionVersion, utcnow
 from app.db.repositories.functions import FunctionRepository
-from app.runtime.compiler import ModuleCompiler
+from app.runtime.compiler import CompilerUnavailable, ModuleCompiler, ModuleTooComplex
 from app.runtime.validation import InvalidModule
 from app.services.principal import TenantPrincipal
+
+
+@contextmanager
+def compile_errors() -> Iterator[None]:
+    """A module compile's refusals as the API states them (deploy and recompile alike)."""
+    try:
+        yield
+    except InvalidModule as exc:
+        raise ApiError(422, "invalid_module", str(exc)) from None
+    except ModuleTooComplex as exc:
+        raise ApiError(422, "module_too_complex", f"{exc}; simplify the module (fewer locals or smaller functions)") from None
+    except CompilerUnavailable as exc:
+        raise ApiError(503, "unavailable", f"{exc}; retry later", {"Retry-After": "5"}) from None
 
 
 @dataclass(frozen=True)
@@ -66,10 +80,8 @@ class FunctionService:
         sha = hashlib.sha256(wasm).hexdigest()
         current = await self.repo.version_meta(fn, fn.current_version) if fn is not None else None
         if current is None or current[0] != sha:
-            try:
-                await anyio.to_thread.run_sync(compiler.compile, wasm)
-            except InvalidModule as exc:
-                raise ApiError(422, "invalid_module", str(exc)) from None
+            with compile_errors():
+                await compiler.compile(self.tenant.id, wasm)
 
         created = fn is None
         if fn is None:

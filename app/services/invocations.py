@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import anyio
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -30,6 +29,7 @@ from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
 from app.runtime.compiler import ModuleCompiler
 from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
+from app.services.functions import compile_errors
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 
@@ -143,7 +143,8 @@ class FunctionCache:
         if not self.compiler.cache.has(sha):  # deployed through another node
             wasm = await repo.module_bytes(fn, fn.current_version)
             assert wasm is not None
-            await anyio.to_thread.run_sync(self.compiler.ensure_artifact, sha, wasm)
+            with compile_errors():
+                await self.compiler.ensure_artifact(tenant_id, sha, wasm)
         return self.meta_for(fn, sha)
 
     async def kernels(self, tenant_id: str) -> KernelSet:
@@ -183,7 +184,10 @@ class FunctionCache:
         async with self.sessionmaker() as session:
             for key in list(self._used):
                 gen = self._gen.get(key, 0)
-                meta = await self._load_function(session, *key)
+                try:
+                    meta = await self._load_function(session, *key)
+                except ApiError:  # its module cannot be compiled here now; its calls say so
+                    meta = None
                 if self._gen.get(key, 0) != gen:
                     continue  # changed on this node while we read: the local entry is newer
                 if meta is None:  # deleted elsewhere: stop keeping it fresh

@@ -3,13 +3,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-import anyio
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.errors import ApiError, not_found
 from app.db.models import Kernel, utcnow
 from app.db.repositories.kernels import KernelRepository
-from app.gpu.nvrtc_check import check_cuda_source
+from app.runtime.compiler import CompilerUnavailable, KernelCompileFailed, ModuleCompiler
 from app.services.principal import TenantPrincipal
 
 MAX_KERNELS = 100
@@ -30,7 +29,7 @@ class KernelService:
             raise not_found(f"kernel module {name!r}")
         return kernel
 
-    async def put(self, name: str, raw: bytes, arch: str | None) -> tuple[Kernel, bool]:
+    async def put(self, name: str, raw: bytes, arch: str | None, compiler: ModuleCompiler) -> tuple[Kernel, bool]:
         if name == "std":
             raise ApiError(409, "conflict", "`std` is the platform's kernel library; choose another name")
         try:
@@ -39,9 +38,12 @@ class KernelService:
             raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text") from None
         if not source.strip():
             raise ApiError(422, "invalid_kernel", "kernel source is empty")
-        log = await anyio.to_thread.run_sync(check_cuda_source, source, arch)
-        if log is not None:
-            raise ApiError(422, "compile_failed", f"the CUDA source does not compile:\n{log}")
+        try:
+            await compiler.check_kernel(self.tenant.id, source, arch)
+        except KernelCompileFailed as exc:
+            raise ApiError(422, "compile_failed", str(exc)) from None
+        except CompilerUnavailable as exc:
+            raise ApiError(503, "unavailable", f"{exc}; retry later", {"Retry-After": "5"}) from None
         sha = hashlib.sha256(raw).hexdigest()
         kernel = await self.repo.get(name)
         if kernel is None:

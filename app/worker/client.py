@@ -82,7 +82,7 @@ class WorkerHandle:
         else:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "app.worker.main", *argv,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20, start_new_session=True,
             )
         header, _ = await asyncio.wait_for(self._read(), timeout=s.worker_start_timeout_s)
         if header.get("op") != "ready":

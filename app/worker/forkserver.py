@@ -183,7 +183,8 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             cmd = [sys.executable, "-m", "app.worker.forkserver", "--fd", str(theirs.fileno()), "--parent", str(os.getpid()), "--backend", self.backend]
-            self._proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+            # its own session: a terminal's Ctrl-C is for the node, which stops its workers itself
+            self._proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
         ready = await asyncio.get_running_loop().run_in_executor(None, ours.recv, _MAX_MSG)
         if json.loads(ready or b"{}").get("op") != "ready":
             ours.close()

@@ -13,10 +13,10 @@ from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
 from app.gpu.cpu import CpuBackend
 from app.gpu.signatures import Code
 from app.runtime.artifacts import ArtifactCache
-from app.runtime.compiler import ModuleCompiler
 from app.runtime.engine import make_engine
 from app.runtime.runner import GuestRunner, RunRequest
 from tests.gpu.runner import Buf, abi_code, rec_buf, rec_i32, request
+from tests.helpers import compile_artifact
 
 
 class FaultyGpu(CpuBackend):
@@ -49,7 +49,7 @@ class FaultyGpu(CpuBackend):
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory, c_guest) -> tuple[GuestRunner, AbiHost, str]:
     cache = tmp_path_factory.mktemp("artifacts")
-    sha, _ = ModuleCompiler(ArtifactCache(cache)).compile(c_guest("kernel_runner.c"))
+    sha = compile_artifact(ArtifactCache(cache), c_guest("kernel_runner.c"))
     host = AbiHost(FaultyGpu())
     host.bind(1 << 20)
     return GuestRunner(make_engine(), ArtifactCache(cache), host, 5), host, sha
@@ -87,7 +87,7 @@ def test_a_good_kernel_runs(runner) -> None:
 
 
 def test_device_error_is_sticky_and_reported(tmp_path: Path, c_guest) -> None:
-    sha, _ = ModuleCompiler(ArtifactCache(tmp_path)).compile(c_guest("kernel_runner.c"))
+    sha = compile_artifact(ArtifactCache(tmp_path), c_guest("kernel_runner.c"))
     host = AbiHost(FaultyGpu())
     host.bind(1 << 20)
     r = GuestRunner(make_engine(), ArtifactCache(tmp_path), host, 5)

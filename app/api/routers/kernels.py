@@ -47,7 +47,7 @@ async def put_kernel(name: NameParam, request: Request, tenant: TenantDep, sessi
     if b"\x00" in raw:  # neither CUDA source nor a database text column holds NUL
         raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text without NUL bytes")
     arch = next((w.device.get("compute_capability") for w in platform.scheduler.workers if w.backend == "cuda"), None)
-    kernel, created = await KernelService(session, tenant).put(name, raw, arch or None)
+    kernel, created = await KernelService(session, tenant).put(name, raw, arch or None, platform.compiler)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
     return JSONResponse(status_code=201 if created else 200, content=kernel_out(kernel).model_dump(mode="json"))
