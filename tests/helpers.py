@@ -207,7 +207,7 @@ class Node:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
             "TENSORWASM_DATABASE_URL": database_url,
             "TENSORWASM_DATA_DIR": str(data_dir),
             "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN,

@@ -84,7 +84,13 @@ def bench_parking(args: argparse.Namespace) -> int:
             pid = _worker_pid(client, name)
             drv = drv or _Driver()
             t_lock = drv.call("cuCheckpointProcessLock", pid)
-            res["checkpoint_s"].append(t_lock + drv.call("cuCheckpointProcessCheckpoint", pid))
+            try:
+                res["checkpoint_s"].append(t_lock + drv.call("cuCheckpointProcessCheckpoint", pid))
+            except RuntimeError as exc:
+                drv.call("cuCheckpointProcessUnlock", pid)
+                memory = os.environ.get("TENSORWASM_GPU_MEMORY", "managed")
+                print(f"the driver cannot park this worker (buffers in {memory} memory): {exc}")
+                return 1
             t_restore = drv.call("cuCheckpointProcessRestore", pid)
             res["restore_s"].append(t_restore + drv.call("cuCheckpointProcessUnlock", pid))
             res["first_call_after_restore_s"].append(_call(client, headers, body))

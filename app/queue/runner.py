@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.api.errors import ApiError
@@ -253,6 +254,8 @@ class QueueRunner:
                     log.warning("%d async invocations lost their node (lease expired): ended interrupted", expired)
                 for invocation_id in cancel:
                     self.stop_local(invocation_id)
+            except OperationalError as exc:  # e.g. SQLite busy under a burst of writes: next round
+                log.warning("renewing queue leases failed (%s); will retry", exc.orig)
             except Exception:
                 log.exception("renewing queue leases failed; will retry")
 
