@@ -258,9 +258,13 @@ class Sandbox:
             # no answer: the process died; how it died says why
             code = await proc.wait()
             tail = (await stderr).decode(errors="replace").strip()
-            # The Rust compiler aborts (SIGABRT) when an allocation fails under the limit; a
-            # SIGKILL we did not send is the kernel's OOM killer.
-            if looks_like_oom(tail) or (code == -signal.SIGKILL and not child.killed):
+            # The Rust compiler aborts (SIGABRT) when an allocation fails under the limit; NVRTC
+            # does not check some allocations and faults (SIGSEGV) instead (seen on an H200 host
+            # with a source whose preprocessing kept growing); a SIGKILL we did not send is the
+            # kernel's OOM killer.
+            faulted = code in (-signal.SIGSEGV, -signal.SIGBUS)
+            if looks_like_oom(tail) or faulted or (code == -signal.SIGKILL and not child.killed):
+                log.info("a compile process died (exit %s) under its memory limit: %s", code, tail[-300:])
                 raise LimitExceeded(Limit.MEMORY, self.memory_bytes)
             log.error("a compile process died (exit %s): %s", code, tail[-500:])
             raise SandboxCrashed(f"the compiler stopped unexpectedly (exit status {code})")
