@@ -54,7 +54,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sessionmaker=sessionmaker,
         compiler=compiler,
         auth_cache=AuthCache(settings.cache_ttl_s),
-        function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s),
+        function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s, settings.function_cache_size),
         recorder=recorder,
         scheduler=scheduler,
         metrics=metrics,

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     pinned_guest_memory_bytes: int = 256 * 1024 * 1024
     max_workers: int = 4
     warm_spares: int = 1
+    # Worker slots only a tenant with nothing running may take: a tenant with calls running holds
+    # at most max_workers - reserved_workers, so another tenant's call starts at once in a flood.
+    reserved_workers: int = Field(default=1, ge=0)
     queue_limit: int = 32
     queue_wait_ms: int = 1000
     hard_timeout_grace_ms: int = 1000
@@ -65,6 +68,9 @@ class Settings(BaseSettings):
     cache_ttl_s: float = 2.0
     # Entries used within this many seconds are re-read in the background before they expire.
     cache_keep_s: float = 300.0
+    # Most functions the node keeps fresh in the background, and most names remembered as
+    # missing (for cache_ttl_s each); beyond either, the least recently used are forgotten.
+    function_cache_size: int = Field(default=10_000, ge=1)
     # Bytes of device memory one CUDA context costs before any buffer (measured: ~529 MiB).
     context_overhead_bytes: int = 600 * 1024 * 1024
     # Device memory the scheduler may hand out; 0 = the device total as reported at start.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,62 @@ async def deploy(client: httpx.AsyncClient, headers: dict[str, str], name: str, 
     return await client.put(
         f"/v1/functions/{name}", content=wasm, params=params, headers={**headers, "Content-Type": "application/wasm"}
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server_process(database_url: str, data_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A real `tensorwasm serve` process on a free port (test admin token, the test backend),
+    with this tree first on its path; yields (process, base URL) once /readyz answers 200.
+    `env` adds or overrides TENSORWASM_* variables. The process is stopped on exit if alive."""
+    port = free_port()
+    full = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "TENSORWASM_DATABASE_URL": database_url,
+        "TENSORWASM_DATA_DIR": str(data_dir),
+        "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN,
+        "TENSORWASM_PORT": str(port),
+        "TENSORWASM_BACKEND": os.environ.get("TENSORWASM_TEST_BACKEND", "cpu"),
+        "TENSORWASM_LOG_LEVEL": "warning",
+        **env,
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=full, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, f"the server exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def wat(name: str) -> bytes:

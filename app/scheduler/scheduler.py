@@ -6,6 +6,9 @@ the tenant is active; a tenant gets more workers as its concurrency needs, up to
 is evicted (killed and replaced, never handed over); a GPU binding is admitted only while the
 bound caps plus per-context overhead fit the device. A worker that dies, overruns the hard
 deadline or reports a device error is killed and replaced; only its own call fails.
+
+Which call gets the node's next worker slot (per-tenant concurrency, the fair share of workers,
+FIFO within a tenant) is decided by app/scheduler/fairness.py; this module runs the processes.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.scheduler.fairness import Blocked, FairShare, Ticket
 from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
-from app.worker.client import WorkerHandle, WorkerLost
+from app.worker.client import WorkerHandle, WorkerLost, WorkerState
 from app.worker.forkserver import ForkServer
+from app.worker.stats import stats_dir, sweep_stale_pages
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +37,7 @@ class Rejected(Exception):
 
     def __init__(self, reason: str, message: str, retry_after: int) -> None:
         super().__init__(message)
-        self.reason = reason  # concurrency | queue_full | rate
+        self.reason = reason  # concurrency | fair_share | queue_full | rate
         self.message = message
         self.retry_after = retry_after
 
@@ -59,10 +64,17 @@ class KernelSet:
 class _Tenant:
     principal: TenantPrincipal
     bucket: TokenBucket
-    running: int = 0
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    fair: FairShare  # holds the tenant's running count and queue, node-wide
     workers: list[WorkerHandle] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def running(self) -> int:
+        return self.fair.running(self.principal.id)
+
+    @property
+    def waiters(self) -> deque[Ticket]:
+        return self.fair.queue(self.principal.id)
 
 
 class Scheduler:
@@ -74,6 +86,7 @@ class Scheduler:
         self.rejections: Counter[tuple[str, str]] = Counter()  # (tenant, reason)
         self.on_bind: Callable[[float], None] | None = None  # observes cold-start binding time
         self.device_budget = settings.device_memory_bytes
+        self.fair = FairShare(settings.max_workers, settings.reserved_workers)
         self.backend = "unknown"
         self._changed = asyncio.Event()
         self._binders = 0
@@ -84,11 +97,12 @@ class Scheduler:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, wait: bool = True) -> None:
+        sweep_stale_pages(stats_dir(self.settings.data_dir))  # left by a node that crashed
         self._ensure_spares()
         if wait and self.settings.warm_spares > 0:  # with no spares kept, nothing to wait for
             deadline = time.monotonic() + self.settings.worker_start_timeout_s
-            while not any(w.state == "spare" for w in self.workers) and time.monotonic() < deadline:
-                if not any(w.state == "starting" for w in self.workers):
+            while not any(w.state == WorkerState.SPARE for w in self.workers) and time.monotonic() < deadline:
+                if not any(w.state == WorkerState.STARTING for w in self.workers):
                     self._ensure_spares()
                 await self._wait_change(deadline)
 
@@ -102,7 +116,7 @@ class Scheduler:
             self.fork_server.close_sync()
 
     def ready(self) -> bool:
-        return any(w.state in ("spare", "idle", "busy") for w in self.workers)
+        return any(w.state in (WorkerState.SPARE, WorkerState.IDLE, WorkerState.BUSY) for w in self.workers)
 
     # -- change notification --------------------------------------------------------------------
     def _notify(self) -> None:
@@ -120,13 +134,13 @@ class Scheduler:
 
     # -- workers ------------------------------------------------------------------------------
     def _alive(self) -> list[WorkerHandle]:
-        return [w for w in self.workers if w.state != "dead"]
+        return [w for w in self.workers if w.state != WorkerState.DEAD]
 
     def _ensure_spares(self) -> None:
         if self._closed:
             return
         alive = self._alive()
-        spares = sum(1 for w in alive if w.state in ("spare", "starting"))
+        spares = sum(1 for w in alive if w.state in (WorkerState.SPARE, WorkerState.STARTING))
         want = self.settings.warm_spares + self._binders - spares
         room = self.settings.max_workers - len(alive)
         for _ in range(max(0, min(want, room))):
@@ -162,7 +176,7 @@ class Scheduler:
     async def _watch(self, w: WorkerHandle) -> None:
         assert w.proc is not None
         await w.proc.wait()
-        if w.state not in ("dead", "busy"):  # a busy worker's death is handled by its call
+        if w.state not in (WorkerState.DEAD, WorkerState.BUSY):  # a busy worker's death is handled by its call
             self._retire(w, "exited")
 
     def _drop(self, w: WorkerHandle, reason: str) -> None:
@@ -195,7 +209,7 @@ class Scheduler:
         return self.committed_bytes() + cap <= self.device_budget
 
     def _evict_one(self, exclude: str) -> bool:
-        idle = [w for w in self.workers if w.state == "idle" and w.tenant_id != exclude]
+        idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude]
         if not idle:
             return False
         self._retire(min(idle, key=lambda w: w.last_used), "evicted")
@@ -211,16 +225,16 @@ class Scheduler:
         try:
             while True:
                 for w in ts.workers:
-                    if w.state == "idle":
+                    if w.state == WorkerState.IDLE:
                         if w.gpu_cap != cap:  # quota changed since the binding
                             self._retire(w, "quota_changed")
                             break
-                        w.state = "busy"
+                        w.state = WorkerState.BUSY
                         return w
                 else:
-                    spare = next((w for w in self.workers if w.state == "spare"), None)
+                    spare = next((w for w in self.workers if w.state == WorkerState.SPARE), None)
                     if spare is not None and self._admits(cap):
-                        spare.state = "binding"
+                        spare.state = WorkerState.BINDING
                         try:
                             await spare.bind(ts.principal.id, ts.principal.name, cap, kernels.sources, kernels.version)
                         except WorkerLost:
@@ -231,13 +245,13 @@ class Scheduler:
                             raise
                         if self.on_bind is not None:
                             self.on_bind(time.perf_counter() - t_acquire)  # waiting for a spare included
-                        spare.state = "busy"
+                        spare.state = WorkerState.BUSY
                         ts.workers.append(spare)
                         # Refill once this call has answered: spawning a process forks the api
                         # process, which would otherwise land inside the cold call it serves.
                         asyncio.get_running_loop().call_later(0.01, self._ensure_spares)
                         return spare
-                    starting = sum(1 for w in self.workers if w.state == "starting")
+                    starting = sum(1 for w in self.workers if w.state == WorkerState.STARTING)
                     full = len(self._alive()) >= self.settings.max_workers
                     if (full and starting == 0) or (spare is not None and not self._admits(cap)):
                         self._evict_one(exclude=ts.principal.id)
@@ -250,50 +264,61 @@ class Scheduler:
     def _tenant(self, principal: TenantPrincipal) -> _Tenant:
         ts = self.tenants.get(principal.id)
         if ts is None or ts.bucket.rate != principal.quota.requests_per_second:
-            ts_new = _Tenant(principal, TokenBucket(principal.quota.requests_per_second))
+            ts_new = _Tenant(principal, TokenBucket(principal.quota.requests_per_second), self.fair)
             if ts is not None:
-                ts_new.running, ts_new.waiters, ts_new.workers = ts.running, ts.waiters, ts.workers
+                ts_new.workers = ts.workers
             ts = self.tenants[principal.id] = ts_new
         ts.principal = principal
         return ts
 
-    async def _enter(self, ts: _Tenant) -> None:
-        limit = ts.principal.quota.max_concurrency
-        if ts.running < limit and not ts.waiters:
-            ts.running += 1
-            return
-        if len(ts.waiters) >= self.settings.queue_limit:
+    @staticmethod
+    def _wake(granted: list[Ticket]) -> None:
+        for ticket in granted:
+            if ticket.waker is not None and not ticket.waker.done():
+                ticket.waker.set_result(None)
+
+    async def _enter(self, ts: _Tenant) -> Ticket:
+        """Wait for a worker slot: the tenant's concurrency and the fair share allow a call."""
+        tid, limit = ts.principal.id, ts.principal.quota.max_concurrency
+        if len(self.fair.queue(tid)) >= self.settings.queue_limit:
             self.rejections[(ts.principal.name, "queue_full")] += 1
             raise Rejected("queue_full", f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ts.waiters.append(fut)
+        ticket, granted = self.fair.submit(tid, limit)
+        self._wake(granted)
+        if ticket.granted:
+            return ticket
+        ticket.waker = asyncio.get_running_loop().create_future()
         try:
-            done, _ = await asyncio.wait({fut}, timeout=self.settings.queue_wait_ms / 1000)
-        except asyncio.CancelledError:  # the caller went away while queued
-            if fut.done():
-                self._leave(ts)  # a slot was already handed to us: pass it on
-            else:
-                ts.waiters.remove(fut)
-                fut.cancel()
+            async with asyncio.timeout(self.settings.queue_wait_ms / 1000):
+                await ticket.waker
+        except TimeoutError:
+            if ticket.granted:  # granted as the wait ran out: keep it
+                return ticket
+            blocked = self.fair.blocked(tid)
+            self._wake(self.fair.withdraw(ticket))
+            raise self._refusal(ts, blocked) from None
+        except BaseException:  # the caller went away while queued: give back what it holds
+            self._wake(self.fair.withdraw(ticket))
             raise
-        if not done:
-            ts.waiters.remove(fut)
-            fut.cancel()
-            self.rejections[(ts.principal.name, "concurrency")] += 1
-            raise Rejected(
-                "concurrency",
-                f"tenant is at its concurrency limit ({limit} running); retry shortly",
+        return ticket
+
+    def _refusal(self, ts: _Tenant, blocked: Blocked) -> Exception:
+        name, limit = ts.principal.name, ts.principal.quota.max_concurrency
+        if blocked == Blocked.CONCURRENCY:
+            self.rejections[(name, "concurrency")] += 1
+            return Rejected("concurrency", f"tenant is at its concurrency limit ({limit} running); retry shortly", 1)
+        if blocked == Blocked.FAIR_SHARE:
+            self.rejections[(name, "fair_share")] += 1
+            return Rejected(
+                "fair_share",
+                f"tenant runs {self.fair.share} invocations, its share of this node's {self.fair.max_workers} workers "
+                "(the rest are kept for other tenants); retry shortly",
                 1,
             )
-        # the slot was handed over by _leave: running already counts it
+        return NoCapacity("every worker of this node is busy")
 
-    def _leave(self, ts: _Tenant) -> None:
-        while ts.waiters:
-            fut = ts.waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-        ts.running -= 1
+    def _leave(self, ticket: Ticket) -> None:
+        self._wake(self.fair.release(ticket))
 
     def check_rate(self, principal: TenantPrincipal) -> None:
         wait = self._tenant(principal).bucket.take()
@@ -311,7 +336,7 @@ class Scheduler:
         if ts is None:
             return
         for w in list(ts.workers):
-            if w.state == "idle":
+            if w.state == WorkerState.IDLE:
                 self._retire(w, "tenant_changed")
             else:
                 w.retire_reason = "tenant_changed"
@@ -320,9 +345,9 @@ class Scheduler:
     async def run(
         self, principal: TenantPrincipal, header: dict[str, Any], body: bytes, hard_timeout_s: float, kernels: KernelSet
     ) -> tuple[dict[str, Any], bytes, WorkerHandle]:
-        self.check_rate(principal)
+        """Run one call (the caller checked the tenant's rate first, with `check_rate`)."""
         ts = self._tenant(principal)
-        await self._enter(ts)
+        ticket = await self._enter(ts)
         try:
             w = await self._acquire_worker(ts, kernels)
             ts.last_used = time.monotonic()
@@ -348,17 +373,17 @@ class Scheduler:
             elif w.retire_reason:
                 self._retire(w, w.retire_reason)
             else:
-                w.state = "idle"
+                w.state = WorkerState.IDLE
                 self._notify()
             return reply, out, w
         finally:
-            self._leave(ts)
+            self._leave(ticket)
 
     # -- views --------------------------------------------------------------------------------
     def tenant_usage(self, tenant_id: str) -> dict[str, int]:
         ts = self.tenants.get(tenant_id)
         if ts is None:
-            return {"running": 0, "queued": 0, "workers": 0, "gpu_bytes_in_use": 0}
+            return {"running": self.fair.running(tenant_id), "queued": len(self.fair.queue(tenant_id)), "workers": 0, "gpu_bytes_in_use": 0}
         return {
             "running": ts.running,
             "queued": len(ts.waiters),
@@ -367,4 +392,4 @@ class Scheduler:
         }
 
     def queue_depth(self) -> int:
-        return sum(len(ts.waiters) for ts in self.tenants.values())
+        return self.fair.queued()

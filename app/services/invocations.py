@@ -53,39 +53,74 @@ class FunctionCache:
     a tenant's first call, or its first after minutes of silence, reads the database. A local
     change (deploy, delete, kernel upload) bumps the entry's generation, and a refresh that read
     the database before that change does not overwrite it.
+
+    Only functions that exist are kept fresh, at most `max_entries` of them (least recently used
+    go first); a name that does not exist is remembered as missing for one TTL (a deploy on this
+    node clears that at once), so a stream of made-up names costs bounded memory, one read per
+    name and TTL, and no background work.
     """
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float) -> None:
+    def __init__(
+        self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float, max_entries: int = 10_000
+    ) -> None:
         self.sessionmaker = sessionmaker
         self.compiler = compiler
         self.ttl_s = ttl_s
+        self.max_entries = max_entries
         self._fns: dict[tuple[str, str], FunctionMeta] = {}
         self._kernels: dict[str, tuple[float, KernelSet]] = {}
         self._kernel_versions: dict[str, int] = {}
-        self._used: dict[tuple[str, str], float] = {}
+        self._used: dict[tuple[str, str], float] = {}  # found functions, least recently used first
+        self._missing: dict[tuple[str, str], float] = {}  # names found missing -> until when
         self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
 
     async def lookup(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
         """The function and the tenant's kernels; on a miss, both reads run concurrently."""
         key = (tenant_id, name)
         now = time.monotonic()
-        self._used[key] = now
         meta = self._fns.get(key)
         hit = self._kernels.get(tenant_id)
         if meta is not None and meta.expires > now and hit is not None and hit[0] > now:
+            self._touch(key, now)
             return meta, hit[1]  # the hot path: no task, no await
+        self._check_missing(key, now)
         meta, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
+        self._touch(key, time.monotonic())
         return meta, kernels
+
+    def _touch(self, key: tuple[str, str], now: float) -> None:
+        used = self._used
+        used.pop(key, None)  # re-inserted at the end: the dict's order is the LRU order
+        used[key] = now
+        if len(used) > self.max_entries:
+            del used[next(iter(used))]
+
+    def _check_missing(self, key: tuple[str, str], now: float) -> None:
+        until = self._missing.get(key)
+        if until is not None:
+            if until > now:
+                raise not_found(f"function {key[1]!r}")
+            del self._missing[key]
+
+    def _note_missing(self, key: tuple[str, str]) -> None:
+        self._missing.pop(key, None)
+        self._missing[key] = time.monotonic() + self.ttl_s
+        if len(self._missing) > self.max_entries:
+            del self._missing[next(iter(self._missing))]
 
     async def function(self, tenant_id: str, name: str) -> FunctionMeta:
         key = (tenant_id, name)
+        now = time.monotonic()
         meta = self._fns.get(key)
-        if meta is not None and meta.expires > time.monotonic():
+        if meta is not None and meta.expires > now:
             return meta
+        self._check_missing(key, now)
         gen = self._gen.get(key, 0)
         async with self.sessionmaker() as session:
             meta = await self._load_function(session, tenant_id, name)
         if meta is None:
+            if self._gen.get(key, 0) == gen:
+                self._note_missing(key)
             raise not_found(f"function {name!r}")
         if self._gen.get(key, 0) == gen:
             self._fns[key] = meta
@@ -132,6 +167,7 @@ class FunctionCache:
         """Re-read every function used within `keep_s` and its tenant's kernels; forget the rest."""
         now = time.monotonic()
         self._used = {k: t for k, t in self._used.items() if now - t <= keep_s}
+        self._missing = {k: t for k, t in self._missing.items() if t > now}
         for key in [k for k in self._fns if k not in self._used]:
             del self._fns[key]
         tenants = {t for t, _ in self._used}
@@ -145,8 +181,10 @@ class FunctionCache:
                 meta = await self._load_function(session, *key)
                 if self._gen.get(key, 0) != gen:
                     continue  # changed on this node while we read: the local entry is newer
-                if meta is None:
+                if meta is None:  # deleted elsewhere: stop keeping it fresh
                     self._fns.pop(key, None)
+                    self._used.pop(key, None)
+                    self._note_missing(key)
                 else:
                     self._fns[key] = meta
             for tenant_id in tenants:
@@ -160,8 +198,9 @@ class FunctionCache:
         """Prime the cache at deploy, so the first call after a deploy skips the database."""
         key = (tenant_id, meta.name)
         self._bump(key)
+        self._missing.pop(key, None)  # a name just deployed here is no longer missing
         self._fns[key] = meta
-        self._used[key] = time.monotonic()
+        self._touch(key, time.monotonic())
 
     def meta_for(self, fn: Function, sha256: str) -> FunctionMeta:
         return FunctionMeta(
@@ -178,6 +217,7 @@ class FunctionCache:
     def drop(self, tenant_id: str, name: str) -> None:
         self._bump((tenant_id, name))
         self._fns.pop((tenant_id, name), None)
+        self._used.pop((tenant_id, name), None)
 
     def discard_artifact(self, tenant_id: str, name: str, sha256: str) -> None:
         """Forget a compiled file a worker could not load; the next lookup recompiles it."""
@@ -305,6 +345,10 @@ _STATUS = {
 }
 
 
+def _rate_limited(exc: Rejected) -> ApiError:
+    return ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
+
+
 class InvokeService:
     def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, recorder: InvocationRecorder, metrics: Metrics, tracing: Tracing) -> None:
         self.settings = settings
@@ -315,6 +359,10 @@ class InvokeService:
         self.tracing = tracing
 
     async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
+        try:
+            self.scheduler.check_rate(tenant)  # before the lookup: a name that does not exist costs a call too
+        except Rejected as exc:
+            raise _rate_limited(exc) from None
         meta, kernels = await self.functions.lookup(tenant.id, name)
         invocation_id = uuid.uuid4().hex
         ctx.invocation_id.set(invocation_id)
@@ -358,7 +406,7 @@ class InvokeService:
                 reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
                 self.tracing.emit_worker_spans(traceparent, reply.get("spans") or [])
         except Rejected as exc:
-            raise ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)}) from None
+            raise _rate_limited(exc) from None
         except NoCapacity as exc:
             raise ApiError(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"}) from None
         except HardTimeout:

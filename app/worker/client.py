@@ -5,19 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any
 
 from app.settings import Settings
 from app.worker.forkserver import ForkedProcess, ForkServer
 from app.worker.protocol import encode, read_frame_async
-from app.worker.stats import StatsPage, stats_dir
+from app.worker.stats import StatsPage, page_path, stats_dir
 
 log = logging.getLogger(__name__)
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"  # process started, not ready yet
+    SPARE = "spare"  # ready, bound to no tenant
+    BINDING = "binding"  # being bound to a tenant for a call
+    IDLE = "idle"  # bound, nothing running
+    BUSY = "busy"  # bound, running a call
+    DEAD = "dead"  # killed or exited; never reused
 
 
 class WorkerLost(RuntimeError):
@@ -28,7 +39,7 @@ class WorkerLost(RuntimeError):
 class WorkerHandle:
     settings: Settings
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    state: str = "starting"  # starting | spare | idle | busy | retiring | dead
+    state: WorkerState = WorkerState.STARTING
     backend: str = "unknown"
     device: dict[str, Any] = field(default_factory=dict)
     tenant_id: str | None = None
@@ -49,7 +60,7 @@ class WorkerHandle:
 
     async def start(self) -> None:
         s = self.settings
-        stats_path = stats_dir(s.data_dir) / f"tensorwasm-worker-{self.id}.stats"
+        stats_path = page_path(stats_dir(s.data_dir), self.id)
         self.stats = StatsPage(stats_path, create=True)
         argv = [
             "--backend", s.backend,
@@ -61,11 +72,13 @@ class WorkerHandle:
             "--gpu-memory", s.gpu_memory,
             "--pin-budget", str(s.pinned_guest_memory_bytes),
         ]
-        if self.spawner is not None:
+        if self.spawner is not None:  # the fork server makes its children die with it
             self.proc = await self.spawner.spawn(argv, limit=1 << 20)
         else:
+            # the worker dies with this process; spawned from the event loop's thread, which
+            # lives as long as the process (the parent-death signal follows the thread)
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "app.worker.main", *argv,
+                sys.executable, "-m", "app.worker.main", *argv, "--parent-pid", str(os.getpid()),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20,
             )
         header, _ = await asyncio.wait_for(self._read(), timeout=s.worker_start_timeout_s)
@@ -73,7 +86,7 @@ class WorkerHandle:
             raise WorkerLost(f"worker {self.id} sent {header.get('op')!r} instead of ready")
         self.backend = header["backend"]
         self.device = header.get("device", {})
-        self.state = "spare"
+        self.state = WorkerState.SPARE
 
     async def _read(self) -> tuple[dict[str, Any], bytes]:
         assert self.proc is not None and self.proc.stdout is not None
@@ -104,7 +117,7 @@ class WorkerHandle:
         return self.stats.read() if self.stats else {}
 
     def kill(self) -> None:
-        self.state = "dead"
+        self.state = WorkerState.DEAD
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()

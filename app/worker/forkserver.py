@@ -17,10 +17,8 @@ worker dies with the fork server the same way, so nothing outlives the node.
 from __future__ import annotations
 
 import argparse
-import array
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -32,16 +30,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
+from app.worker.lifeline import arm_parent_death_signal, die_with_parent
+
 _MAX_MSG = 1 << 16
-
-
-def die_with_parent(expected_parent: int) -> None:
-    """SIGKILL this process when its parent exits; exit now if the parent is already gone."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != expected_parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 # -- the fork server process ---------------------------------------------------------------------
@@ -72,7 +63,7 @@ def _child(sock: socket.socket, argv: list[str], env: dict[str, str], stdin_r: i
     try:
         sock.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        die_with_parent(server_pid)
+        die_with_parent(server_pid)  # the worker dies with the fork server, mid-guest too
         os.environ.update(env)
         os.dup2(stdin_r, 0)
         os.dup2(stdout_w, 1)
@@ -123,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--backend", default="auto")
     args = ap.parse_args(argv)
-    die_with_parent(args.parent)
+    # No watchdog thread here: this process forks, and a fork copies only the calling thread.
+    arm_parent_death_signal()
+    if os.getppid() != args.parent:
+        return 1
     return serve(socket.socket(fileno=args.fd), args.backend)
 
 

@@ -2,7 +2,8 @@
 
 Started by the api process as a fresh interpreter (`python -m app.worker.main`), never forked
 from it, so a CUDA context is always created in a clean process. It speaks the protocol of
-app/worker/protocol.py over its stdin/stdout; its own prints go to stderr.
+app/worker/protocol.py over its stdin/stdout; its own prints go to stderr. It dies with the
+process that started it (app/worker/lifeline.py), even in the middle of a guest.
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-modules", type=int, default=64)
     ap.add_argument("--gpu-memory", default="managed", choices=("managed", "device"))
     ap.add_argument("--pin-budget", type=int, default=0)
+    ap.add_argument("--parent-pid", type=int, default=None, help="die when this process is gone")
     args = ap.parse_args(argv)
+    if args.parent_pid is not None:
+        from app.worker.lifeline import die_with_parent
+
+        die_with_parent(args.parent_pid)  # first: before the seconds spent importing the runtime
 
     # Keep the protocol on private descriptors; anything printed lands on stderr instead.
     proto_in = os.fdopen(os.dup(0), "rb", buffering=1 << 16)

@@ -2,17 +2,28 @@
 
 A busy worker is inside a guest, so it cannot answer a request; the page lets /v1/admin/workers
 and the metrics show its live GPU bytes and counters at any moment.
+
+Pages are created 0600 and removed when their worker is closed. Each page's name carries the
+pid and start time of the process that owns it, so a node starting after a crash removes the
+pages of owners that no longer run (`sweep_stale_pages`) and leaves those of live nodes alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import mmap
 import os
+import re
 import struct
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 FIELDS = ("gpu_bytes_in_use", "gpu_bytes_cap", "launches", "invocations")
 _LAYOUT = struct.Struct("<" + "q" * len(FIELDS))
+_PREFIX = "tensorwasm-worker-"
+_NAME = re.compile(re.escape(_PREFIX) + r"(\d+)\.(\d+)-([0-9a-f]+)\.stats")
 
 
 def stats_dir(data_dir: Path) -> Path:
@@ -21,11 +32,56 @@ def stats_dir(data_dir: Path) -> Path:
     return base
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), None if no such process runs.
+
+    With pid, it names one process for good: a pid reused later has another start time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc (not Linux): the pid alone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "0"
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # a zombie runs no more
+        return None
+    return fields[19]  # field 22 of proc(5); the split starts at field 3
+
+
+def page_path(base: Path, worker_id: str) -> Path:
+    """Where this process puts the page of worker `worker_id`."""
+    pid = os.getpid()
+    return base / f"{_PREFIX}{pid}.{_start_time(pid) or 0}-{worker_id}.stats"
+
+
+def sweep_stale_pages(base: Path) -> int:
+    """Remove pages whose owning process no longer runs; returns how many."""
+    removed = 0
+    with contextlib.suppress(OSError):
+        for path in base.iterdir():
+            m = _NAME.fullmatch(path.name)
+            if m is None or _start_time(int(m.group(1))) == m.group(2):
+                continue
+            with contextlib.suppress(OSError):  # another user's, or removed meanwhile
+                path.unlink()
+                removed += 1
+    if removed:
+        log.info("removed %d stats pages left by nodes that no longer run", removed)
+    return removed
+
+
 class StatsPage:
     def __init__(self, path: Path, create: bool) -> None:
         self.path = path
         if create:
-            with open(path, "wb") as f:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(b"\0" * _LAYOUT.size)
         self._f = open(path, "r+b")
         self._map = mmap.mmap(self._f.fileno(), _LAYOUT.size)
