@@ -16,6 +16,7 @@ from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
+from app.node.local import LocalNode
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
@@ -57,6 +58,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s, settings.function_cache_size),
         recorder=recorder,
         scheduler=scheduler,
+        node=LocalNode(scheduler),
         metrics=metrics,
         tracing=app.state.tracing,
     )

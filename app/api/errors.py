@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.contract.errors import NoCapacity, Rejected, SupervisorGone
+
 log = logging.getLogger(__name__)
 
 
@@ -52,6 +54,18 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return envelope(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(Rejected)
+    async def _rejected(_: Request, exc: Rejected) -> JSONResponse:
+        return envelope(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(NoCapacity)
+    async def _no_capacity(_: Request, exc: NoCapacity) -> JSONResponse:
+        return envelope(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"})
+
+    @app.exception_handler(SupervisorGone)
+    async def _supervisor_gone(_: Request, exc: SupervisorGone) -> JSONResponse:
+        return envelope(503, "unavailable", f"{exc}; retry later", {"Retry-After": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from app.contract.messages import HostCounts
 
 if TYPE_CHECKING:
     from app.scheduler.scheduler import Scheduler
@@ -46,19 +48,22 @@ class Metrics:
             c = self._children[key] = metric.labels(*values)  # type: ignore[attr-defined]
         return c
 
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
     def attach(self, scheduler: "Scheduler") -> None:
         self.registry.register(_LiveCollector(scheduler))
 
-    def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: dict[str, int] | None) -> None:
+    def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: HostCounts | None) -> None:
         self.child(self.invocations, tenant, function, outcome).inc()
         self.child(self.invocation_seconds, tenant).observe(seconds)
         if host:
-            if host.get("launches"):
-                self.child(self.kernel_launches, tenant).inc(host["launches"])
-            if host.get("compile_hits"):
-                self.compile_cache.labels("hit").inc(host["compile_hits"])
-            if host.get("compile_misses"):
-                self.compile_cache.labels("miss").inc(host["compile_misses"])
+            if host.launches:
+                self.child(self.kernel_launches, tenant).inc(host.launches)
+            if host.compile_hits:
+                self.compile_cache.labels("hit").inc(host.compile_hits)
+            if host.compile_misses:
+                self.compile_cache.labels("miss").inc(host.compile_misses)
 
 
 class _LiveCollector(Collector):

@@ -14,13 +14,20 @@ FIFO within a tenant) is decided by app/scheduler/fairness.py; this module runs 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from app.contract.errors import HardTimeout, NoCapacity, RejectReason, Rejected, WorkerCrashed
+from app.contract.messages import Outcome, Result, Run, Usage, WorkerInfo, WorkerMessage
 from app.scheduler.fairness import Blocked, FairShare, Ticket
 from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
@@ -31,33 +38,41 @@ from app.worker.stats import stats_dir, sweep_stale_pages
 
 log = logging.getLogger(__name__)
 
-
-class Rejected(Exception):
-    """The call was not run; the caller may retry after `retry_after` seconds."""
-
-    def __init__(self, reason: str, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.reason = reason  # concurrency | fair_share | queue_full | rate
-        self.message = message
-        self.retry_after = retry_after
+__all__ = ["HardTimeout", "KernelSet", "Lease", "NoCapacity", "Rejected", "Scheduler", "WorkerCrashed"]
 
 
-class NoCapacity(Exception):
-    """No worker could be bound for this tenant in time (node full or GPU admission)."""
-
-
-class HardTimeout(Exception):
-    pass
-
-
-class WorkerCrashed(Exception):
-    pass
-
-
-@dataclass
+@dataclass(frozen=True)
 class KernelSet:
-    version: int
+    """A tenant's kernel sources; `version` is their content hash, the same in every front."""
+
+    version: str
     sources: dict[str, str]
+
+    @classmethod
+    def of(cls, sources: dict[str, str]) -> "KernelSet":
+        if not sources:
+            return cls("", {})
+        digest = hashlib.sha256()
+        for name in sorted(sources):
+            digest.update(hashlib.sha256(name.encode()).digest())
+            digest.update(hashlib.sha256(sources[name].encode()).digest())
+        return cls(digest.hexdigest()[:32], dict(sources))
+
+
+@dataclass(eq=False)
+class Lease:
+    """One call's hold on one worker, from `Scheduler.lease` to `Scheduler.release`."""
+
+    id: str
+    worker: WorkerHandle
+    tenant: "_Tenant"
+    ticket: Ticket
+    kernels_version: str  # what the worker holds at the grant
+    released: bool = False
+
+    async def exchange(self, run: Run, body: bytes) -> tuple[WorkerMessage, bytes]:
+        """In a one-process node the call goes over the worker's pipe."""
+        return await self.worker.request(run, body)
 
 
 @dataclass
@@ -77,9 +92,29 @@ class _Tenant:
         return self.fair.queue(self.principal.id)
 
 
+_RETIRE_REASON = {
+    Outcome.DEVICE_ERROR: "device_error",
+    Outcome.LOST: "crashed",
+    Outcome.HARD_TIMEOUT: "hard_timeout",
+    Outcome.CANCELLED: "cancelled",
+}
+
+
+def outcome_of(reply: WorkerMessage) -> Outcome:
+    """A worker's answer to a run, as the outcome its lease is released with."""
+    if not isinstance(reply, Result):
+        return Outcome.LOST
+    return Outcome.DEVICE_ERROR if reply.host.device_error else Outcome.OK
+
+
 class Scheduler:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, secret: bytes = b"", run_dir: Path | None = None) -> None:
+        """`secret` and `run_dir`: in a node of several fronts, the lease-token key given to every
+        worker at bind and the private directory where workers listen for fronts' runs."""
         self.settings = settings
+        self.secret = secret
+        self.run_dir = run_dir
+        self.leases: dict[str, Lease] = {}
         self.workers: list[WorkerHandle] = []
         self.tenants: dict[str, _Tenant] = {}
         self.restarts: Counter[str] = Counter()
@@ -148,6 +183,8 @@ class Scheduler:
 
     def _spawn(self) -> None:
         w = WorkerHandle(self.settings, spawner=self.fork_server)
+        if self.run_dir is not None:
+            w.socket_path = str(self.run_dir / f"w-{w.id}.sock")
         self.workers.append(w)
         task = asyncio.get_running_loop().create_task(self._start_worker(w))
         self._tasks.add(task)
@@ -215,7 +252,7 @@ class Scheduler:
         self._retire(min(idle, key=lambda w: w.last_used), "evicted")
         return True
 
-    async def _acquire_worker(self, ts: _Tenant, kernels: KernelSet) -> WorkerHandle:
+    async def _acquire_worker(self, ts: _Tenant) -> WorkerHandle:
         cap = ts.principal.quota.gpu_memory_bytes
         if self.backend == "cuda" and self.device_budget and cap + self.settings.context_overhead_bytes > self.device_budget:
             raise NoCapacity(f"the tenant's GPU cap ({cap} bytes) does not fit this node's device")
@@ -236,7 +273,7 @@ class Scheduler:
                     if spare is not None and self._admits(cap):
                         spare.state = WorkerState.BINDING
                         try:
-                            await spare.bind(ts.principal.id, ts.principal.name, cap, kernels.sources, kernels.version)
+                            await spare.bind(ts.principal.id, ts.principal.name, cap, self.secret)
                         except WorkerLost:
                             self._retire(spare, "crashed")
                             continue
@@ -282,7 +319,7 @@ class Scheduler:
         tid, limit = ts.principal.id, ts.principal.quota.max_concurrency
         if len(self.fair.queue(tid)) >= self.settings.queue_limit:
             self.rejections[(ts.principal.name, "queue_full")] += 1
-            raise Rejected("queue_full", f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
+            raise Rejected(RejectReason.QUEUE_FULL, f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
         ticket, granted = self.fair.submit(tid, limit)
         self._wake(granted)
         if ticket.granted:
@@ -306,11 +343,11 @@ class Scheduler:
         name, limit = ts.principal.name, ts.principal.quota.max_concurrency
         if blocked == Blocked.CONCURRENCY:
             self.rejections[(name, "concurrency")] += 1
-            return Rejected("concurrency", f"tenant is at its concurrency limit ({limit} running); retry shortly", 1)
+            return Rejected(RejectReason.CONCURRENCY, f"tenant is at its concurrency limit ({limit} running); retry shortly", 1)
         if blocked == Blocked.FAIR_SHARE:
             self.rejections[(name, "fair_share")] += 1
             return Rejected(
-                "fair_share",
+                RejectReason.FAIR_SHARE,
                 f"tenant runs {self.fair.share} invocations, its share of this node's {self.fair.max_workers} workers "
                 "(the rest are kept for other tenants); retry shortly",
                 1,
@@ -321,11 +358,12 @@ class Scheduler:
         self._wake(self.fair.release(ticket))
 
     def check_rate(self, principal: TenantPrincipal) -> None:
+        """Take one call from the tenant's token bucket, or raise Rejected (rate)."""
         wait = self._tenant(principal).bucket.take()
         if wait > 0:
             self.rejections[(principal.name, "rate")] += 1
             raise Rejected(
-                "rate",
+                RejectReason.RATE,
                 f"tenant exceeded its rate of {principal.quota.requests_per_second:g} invocations per second",
                 TokenBucket.retry_after(wait),
             )
@@ -341,55 +379,102 @@ class Scheduler:
             else:
                 w.retire_reason = "tenant_changed"
 
-    # -- the call -----------------------------------------------------------------------------
-    async def run(
-        self, principal: TenantPrincipal, header: dict[str, Any], body: bytes, hard_timeout_s: float, kernels: KernelSet
-    ) -> tuple[dict[str, Any], bytes, WorkerHandle]:
-        """Run one call (the caller checked the tenant's rate first, with `check_rate`)."""
+    # -- the call: lease, exchange (by the caller), release ----------------------------------
+    async def lease(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease:
+        """Admit one call of the tenant (rate when asked, concurrency, fair share, queue) and
+        hold a worker bound to it for the call. The caller must `release` the lease."""
+        if check_rate:
+            self.check_rate(principal)
         ts = self._tenant(principal)
         ticket = await self._enter(ts)
         try:
-            w = await self._acquire_worker(ts, kernels)
-            ts.last_used = time.monotonic()
-            if w.kernels_version != kernels.version:
-                header = {**header, "kernels": kernels.sources}
-            try:
-                async with asyncio.timeout(hard_timeout_s):  # no extra task, unlike wait_for
-                    reply, out = await w.request(header, body)
-            except TimeoutError:
-                self._retire(w, "hard_timeout")
-                raise HardTimeout() from None
-            except WorkerLost:
-                self._retire(w, "crashed")
-                raise WorkerCrashed() from None
-            except BaseException:  # cancelled mid-call: the worker's reply would be orphaned
-                self._retire(w, "cancelled")
-                raise
-            w.kernels_version = kernels.version
-            w.invocations += 1
-            w.last_used = time.monotonic()
-            if reply.get("host", {}).get("device_error"):
-                self._retire(w, "device_error")
-            elif w.retire_reason:
-                self._retire(w, w.retire_reason)
-            else:
+            w = await self._acquire_worker(ts)
+        except BaseException:
+            self._leave(ticket)
+            raise
+        ts.last_used = time.monotonic()
+        lease = Lease(uuid.uuid4().hex, w, ts, ticket, w.kernels_version)
+        self.leases[lease.id] = lease
+        return lease
+
+    def release(self, lease: Lease, outcome: Outcome, kernels_version: str = "") -> None:
+        """Give the worker back: idle again after a clean call, replaced after anything else."""
+        if lease.released:
+            return
+        lease.released = True
+        self.leases.pop(lease.id, None)
+        w = lease.worker
+        try:
+            if outcome in (Outcome.OK, Outcome.DEVICE_ERROR):
+                w.kernels_version = kernels_version
+                w.invocations += 1
+                w.last_used = time.monotonic()
+            if outcome == Outcome.OK and not w.retire_reason and w.state == WorkerState.BUSY:
                 w.state = WorkerState.IDLE
                 self._notify()
-            return reply, out, w
+            elif outcome == Outcome.OK:
+                self._retire(w, w.retire_reason or "exited")
+            else:
+                self._retire(w, _RETIRE_REASON[outcome])
         finally:
-            self._leave(ticket)
+            self._leave(lease.ticket)
+
+    async def run(
+        self, principal: TenantPrincipal, run: Run, body: bytes, hard_timeout_s: float, kernels: KernelSet
+    ) -> tuple[WorkerMessage, bytes, WorkerHandle]:
+        """Lease, exchange and release in one call (the caller checked the rate first)."""
+        lease = await self.lease(principal)
+        outcome = Outcome.CANCELLED
+        try:
+            if lease.kernels_version != kernels.version:
+                run.kernels = kernels.sources
+            run.kernels_version = kernels.version
+            try:
+                async with asyncio.timeout(hard_timeout_s):  # no extra task, unlike wait_for
+                    reply, out = await lease.exchange(run, body)
+            except TimeoutError:
+                outcome = Outcome.HARD_TIMEOUT
+                raise HardTimeout() from None
+            except WorkerLost:
+                outcome = Outcome.LOST
+                raise WorkerCrashed() from None
+            outcome = outcome_of(reply)
+            return reply, out, lease.worker
+        finally:
+            self.release(lease, outcome, kernels.version)
 
     # -- views --------------------------------------------------------------------------------
-    def tenant_usage(self, tenant_id: str) -> dict[str, int]:
+    def usage(self, tenant_id: str) -> Usage:
         ts = self.tenants.get(tenant_id)
         if ts is None:
-            return {"running": self.fair.running(tenant_id), "queued": len(self.fair.queue(tenant_id)), "workers": 0, "gpu_bytes_in_use": 0}
-        return {
-            "running": ts.running,
-            "queued": len(ts.waiters),
-            "workers": len(ts.workers),
-            "gpu_bytes_in_use": sum(w.live_stats().get("gpu_bytes_in_use", 0) for w in ts.workers),
-        }
+            return Usage(running=self.fair.running(tenant_id), queued=len(self.fair.queue(tenant_id)), workers=0, gpu_bytes_in_use=0)
+        return Usage(
+            running=ts.running,
+            queued=len(ts.waiters),
+            workers=len(ts.workers),
+            gpu_bytes_in_use=sum(w.live_stats().get("gpu_bytes_in_use", 0) for w in ts.workers),
+        )
+
+    def tenant_usage(self, tenant_id: str) -> dict[str, int]:
+        return msgspec.structs.asdict(self.usage(tenant_id))
+
+    def worker_infos(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id=w.id,
+                pid=w.pid,
+                state=w.state.value,
+                backend=w.backend,
+                tenant_id=w.tenant_id,
+                tenant=w.tenant_name,
+                gpu_bytes_in_use=w.live_stats().get("gpu_bytes_in_use", 0),
+                gpu_bytes_cap=w.gpu_cap,
+                invocations=w.invocations,
+                started_at=w.started_at.isoformat(),
+                compute_capability=w.device.compute_capability,
+            )
+            for w in self.workers
+        ]
 
     def queue_depth(self) -> int:
         return self.fair.queued()

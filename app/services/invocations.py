@@ -1,5 +1,5 @@
-"""The invoke path: cached function metadata, the scheduler call, result mapping, and
-invocation records written in batches off the hot path."""
+"""The invoke path: cached function metadata, the lease and the exchange with the worker,
+result mapping, and invocation records written in batches off the hot path."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.api.errors import ApiError, not_found
+from app.contract.errors import HardTimeout, WorkerCrashed
+from app.contract.messages import HostCounts, Outcome, Result, Run, RunStatus
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
@@ -26,9 +28,11 @@ from app.db.models import Function
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
+from app.node.port import NodePort
 from app.runtime.compiler import ModuleCompiler
-from app.scheduler.scheduler import HardTimeout, KernelSet, NoCapacity, Rejected, Scheduler, WorkerCrashed
+from app.scheduler.scheduler import KernelSet, outcome_of
 from app.services.principal import TenantPrincipal
+from app.worker.client import WorkerLost
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,6 @@ class FunctionCache:
         self.max_entries = max_entries
         self._fns: dict[tuple[str, str], FunctionMeta] = {}
         self._kernels: dict[str, tuple[float, KernelSet]] = {}
-        self._kernel_versions: dict[str, int] = {}
         self._used: dict[tuple[str, str], float] = {}  # found functions, least recently used first
         self._missing: dict[tuple[str, str], float] = {}  # names found missing -> until when
         self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
@@ -153,12 +156,9 @@ class FunctionCache:
     def _store_kernels(self, tenant_id: str, sources: dict[str, str], gen: int) -> KernelSet:
         hit = self._kernels.get(tenant_id)
         old = hit[1] if hit else None
-        if old is not None and old.sources == sources:
-            ks = old  # unchanged: keep the version, so workers are not sent the sources again
-        else:
-            version = self._kernel_versions.get(tenant_id, 0) + 1
-            self._kernel_versions[tenant_id] = version
-            ks = KernelSet(version, sources)
+        # unchanged: keep the object; either way the version is the sources' hash, so any front
+        # can tell whether a worker holds them
+        ks = old if old is not None and old.sources == sources else KernelSet.of(sources)
         if self._gen.get(tenant_id, 0) == gen:
             self._kernels[tenant_id] = (time.monotonic() + self.ttl_s, ks)
         return ks
@@ -223,6 +223,11 @@ class FunctionCache:
         """Forget a compiled file a worker could not load; the next lookup recompiles it."""
         self.compiler.cache.path_for(sha256).unlink(missing_ok=True)
         self.drop(tenant_id, name)
+
+    def forget(self, tenant_id: str, name: str) -> None:
+        """Changed on another front: drop the entry and any note that the name is missing."""
+        self.drop(tenant_id, name)
+        self._missing.pop((tenant_id, name), None)
 
     def drop_kernels(self, tenant_id: str) -> None:
         self._bump(tenant_id)
@@ -333,37 +338,38 @@ class InvokeOutcome:
     headers: dict[str, str] | None = None
 
 
-_STATUS = {
-    "ok": (200, "succeeded", None),
-    "exit": (500, "guest_error", "guest_error"),
-    "trap": (500, "guest_error", "guest_error"),
-    "error": (500, "guest_error", "guest_error"),
-    "output_limit": (500, "output_limit", "output_limit_exceeded"),
-    "timeout": (504, "timeout", "timeout"),
-    "device_error": (500, "device_error", "device_error"),
-    "artifact_error": (500, "internal_error", "internal"),
+_STATUS: dict[RunStatus, tuple[int, str, str | None]] = {
+    RunStatus.OK: (200, "succeeded", None),
+    RunStatus.EXIT: (500, "guest_error", "guest_error"),
+    RunStatus.TRAP: (500, "guest_error", "guest_error"),
+    RunStatus.ERROR: (500, "guest_error", "guest_error"),
+    RunStatus.OUTPUT_LIMIT: (500, "output_limit", "output_limit_exceeded"),
+    RunStatus.TIMEOUT: (504, "timeout", "timeout"),
+    RunStatus.DEVICE_ERROR: (500, "device_error", "device_error"),
+    RunStatus.ARTIFACT_ERROR: (500, "internal_error", "internal"),
 }
 
 
-def _rate_limited(exc: Rejected) -> ApiError:
-    return ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
-
-
 class InvokeService:
-    def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, recorder: InvocationRecorder, metrics: Metrics, tracing: Tracing) -> None:
+    """One synchronous call: look the function up, lease a worker, exchange the call's bytes
+    with it, release the lease, record. Refusals (Rejected, NoCapacity) propagate to the
+    routers' error handlers."""
+
+    def __init__(self, settings: Settings, functions: FunctionCache, node: NodePort, recorder: InvocationRecorder, metrics: Metrics, tracing: Tracing) -> None:
         self.settings = settings
         self.functions = functions
-        self.scheduler = scheduler
+        self.node = node
         self.recorder = recorder
         self.metrics = metrics
         self.tracing = tracing
 
     async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
         try:
-            self.scheduler.check_rate(tenant)  # before the lookup: a name that does not exist costs a call too
-        except Rejected as exc:
-            raise _rate_limited(exc) from None
-        meta, kernels = await self.functions.lookup(tenant.id, name)
+            meta, kernels = await self.functions.lookup(tenant.id, name)
+        except ApiError as exc:
+            if exc.status == 404:  # a name that does not exist costs a call against the rate too
+                await self.node.check_rate(tenant)
+            raise
         invocation_id = uuid.uuid4().hex
         ctx.invocation_id.set(invocation_id)
         timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
@@ -375,17 +381,17 @@ class InvokeService:
             QUERY_STRING=query,
             CONTENT_TYPE=content_type,
         )
-        header = {
-            "op": "run",
-            "invocation_id": invocation_id,
-            "function": name,
-            "sha256": meta.sha256,
-            "env": env,
-            "timeout_ms": timeout_ms,
-            "wasm_memory_bytes": tenant.quota.wasm_memory_bytes,
-            "stdout_limit": self.settings.stdout_limit_bytes,
-            "stderr_limit": self.settings.stderr_tail_bytes,
-        }
+        run = Run(
+            invocation_id=invocation_id,
+            function=name,
+            sha256=meta.sha256,
+            env=env,
+            timeout_ms=timeout_ms,
+            wasm_memory_bytes=tenant.quota.wasm_memory_bytes,
+            stdout_limit=self.settings.stdout_limit_bytes,
+            stderr_limit=self.settings.stderr_tail_bytes,
+            kernels_version=kernels.version,
+        )
         started = datetime.now(timezone.utc)
         t0 = time.perf_counter()
         hard_timeout = (timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
@@ -400,15 +406,9 @@ class InvokeService:
         }
         try:
             with self.tracing.span("scheduler.run", {"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
-                traceparent = self.tracing.traceparent()  # None when not tracing
-                if traceparent:
-                    header["traceparent"] = traceparent
-                reply, out, _ = await self.scheduler.run(tenant, header, body, hard_timeout, kernels)
-                self.tracing.emit_worker_spans(traceparent, reply.get("spans") or [])
-        except Rejected as exc:
-            raise _rate_limited(exc) from None
-        except NoCapacity as exc:
-            raise ApiError(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"}) from None
+                run.traceparent = self.tracing.traceparent()  # None when not tracing
+                reply, out = await self._call(tenant, run, body, hard_timeout, kernels)
+                self.tracing.emit_worker_spans(run.traceparent, reply.spans or [])
         except HardTimeout:
             msg = f"the invocation exceeded its time limit of {timeout_ms} ms and its worker was replaced"
             self._finish(record, "timeout", t0, tenant.name, error=msg)
@@ -418,28 +418,52 @@ class InvokeService:
             self._finish(record, "worker_crashed", t0, tenant.name, error=msg)
             return InvokeOutcome(invocation_id, 500, b"", "", {"code": "worker_crashed", "message": msg})
 
-        stdout_len = int(reply.get("stdout_len", 0))
-        stdout, stderr = out[:stdout_len], out[stdout_len:]
+        stdout, stderr = out[: reply.stdout_len], out[reply.stdout_len :]
         stderr_tail = stderr.decode("utf-8", "replace") if stderr else None
-        http, status, code = _STATUS.get(reply.get("status", "error"), _STATUS["error"])
-        if reply.get("status") == "artifact_error":
+        http, status, code = _STATUS[reply.status]
+        error = reply.error
+        if reply.status == RunStatus.ARTIFACT_ERROR:
             # the platform's own compiled file is unreadable: discard it, so the next call
             # compiles the function again from its stored module
             self.functions.discard_artifact(tenant.id, name, meta.sha256)
-            reply = {**reply, "error": f"{reply.get('error')}; it has been discarded and will be rebuilt, retry the call"}
-        self._finish(record, status, t0, tenant.name, exit_code=reply.get("exit_code"), error=reply.get("error"), stderr=stderr_tail, host=reply.get("host"))
+            error = f"{error}; it has been discarded and will be rebuilt, retry the call"
+        self._finish(record, status, t0, tenant.name, exit_code=reply.exit_code, error=error, stderr=stderr_tail, host=reply.host)
         if code is None:
             return InvokeOutcome(invocation_id, 200, stdout, meta.content_type)
-        err: dict[str, Any] = {"code": code, "message": reply.get("error") or status}
-        if reply.get("exit_code") is not None:
-            err["exit_code"] = reply["exit_code"]
+        err: dict[str, Any] = {"code": code, "message": error or status}
+        if reply.exit_code is not None:
+            err["exit_code"] = reply.exit_code
         if stderr_tail:
             err["stderr_tail"] = stderr_tail[-4096:]
         return InvokeOutcome(invocation_id, http, b"", "", err)
 
+    async def _call(self, tenant: TenantPrincipal, run: Run, body: bytes, hard_timeout: float, kernels: KernelSet) -> tuple[Result, bytes]:
+        """Lease a worker, exchange the call's bytes with it directly, release the lease."""
+        lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
+        outcome = Outcome.CANCELLED  # unless the exchange ends: the caller went away mid-call
+        try:
+            if lease.kernels_version != kernels.version:
+                run.kernels = kernels.sources
+            try:
+                async with asyncio.timeout(hard_timeout):  # no extra task, unlike wait_for
+                    reply, out = await lease.exchange(run, body)
+            except TimeoutError:
+                outcome = Outcome.HARD_TIMEOUT
+                raise HardTimeout() from None
+            except WorkerLost:
+                outcome = Outcome.LOST
+                raise WorkerCrashed() from None
+            outcome = outcome_of(reply)
+            if not isinstance(reply, Result):
+                log.error("worker answered a run with %s", reply)
+                raise WorkerCrashed()
+            return reply, out
+        finally:
+            self.node.release(lease, outcome, kernels.version)
+
     def _finish(
         self, record: dict[str, Any], status: str, t0: float, tenant: str, exit_code: int | None = None,
-        error: str | None = None, stderr: str | None = None, host: dict[str, Any] | None = None,
+        error: str | None = None, stderr: str | None = None, host: HostCounts | None = None,
     ) -> None:
         seconds = time.perf_counter() - t0
         self.metrics.invocation(tenant, record["function"], status, seconds, host)

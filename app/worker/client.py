@@ -1,4 +1,4 @@
-"""The api process's handle on one worker process."""
+"""The supervisor's handle on one worker process (in a one-process node, the api process's)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
-from typing import Any
 
 from app.settings import Settings
 from app.worker.forkserver import ForkedProcess, ForkServer
-from app.worker.protocol import encode, read_frame_async
+from app.contract.frames import ProtocolError, encode, read_frame_async
+from app.contract.messages import Bind, DeviceInfo, Done, Ready, WorkerMessage
 from app.worker.stats import StatsPage, page_path, stats_dir
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,11 @@ class WorkerHandle:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     state: WorkerState = WorkerState.STARTING
     backend: str = "unknown"
-    device: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo = field(default_factory=DeviceInfo)
     tenant_id: str | None = None
     tenant_name: str | None = None
     gpu_cap: int = 0
-    kernels_version: int = -1
+    kernels_version: str = ""  # content hash of the kernel sources the worker holds
     invocations: int = 0
     last_used: float = field(default_factory=time.monotonic)
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -53,6 +53,7 @@ class WorkerHandle:
     proc: asyncio.subprocess.Process | ForkedProcess | None = None
     spawner: ForkServer | None = None  # None: a fresh interpreter per worker
     stats: StatsPage | None = None
+    socket_path: str | None = None  # where fronts send leased runs (a node of several fronts)
 
     @property
     def pid(self) -> int | None:
@@ -72,6 +73,8 @@ class WorkerHandle:
             "--gpu-memory", s.gpu_memory,
             "--pin-budget", str(s.pinned_guest_memory_bytes),
         ]
+        if self.socket_path is not None:
+            argv += ["--socket", self.socket_path]
         if self.spawner is not None:  # the fork server makes its children die with it
             self.proc = await self.spawner.spawn(argv, limit=1 << 20)
         else:
@@ -82,20 +85,20 @@ class WorkerHandle:
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20,
             )
         header, _ = await asyncio.wait_for(self._read(), timeout=s.worker_start_timeout_s)
-        if header.get("op") != "ready":
-            raise WorkerLost(f"worker {self.id} sent {header.get('op')!r} instead of ready")
-        self.backend = header["backend"]
-        self.device = header.get("device", {})
+        if not isinstance(header, Ready):
+            raise WorkerLost(f"worker {self.id} sent {type(header).__name__} instead of ready")
+        self.backend = header.backend
+        self.device = header.device
         self.state = WorkerState.SPARE
 
-    async def _read(self) -> tuple[dict[str, Any], bytes]:
+    async def _read(self) -> tuple[WorkerMessage, bytes]:
         assert self.proc is not None and self.proc.stdout is not None
         try:
             return await read_frame_async(self.proc.stdout)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
             raise WorkerLost(f"worker {self.id} exited (code {self.proc.returncode})") from exc
 
-    async def request(self, header: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    async def request(self, header: WorkerMessage, body: bytes = b"") -> tuple[WorkerMessage, bytes]:
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.writelines(encode(header, body))
@@ -104,14 +107,15 @@ class WorkerHandle:
             raise WorkerLost(f"worker {self.id} is gone") from exc
         return await self._read()
 
-    async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, kernels: dict[str, str], kernels_version: int) -> None:
+    async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, secret: bytes = b"") -> None:
+        """Bind to a tenant with no kernels: the first run carries the tenant's current set."""
         header, _ = await self.request(
-            {"op": "bind", "tenant_id": tenant_id, "tenant": tenant_name, "gpu_memory_bytes": gpu_cap, "kernels": kernels}
+            Bind(tenant_id=tenant_id, tenant=tenant_name, gpu_memory_bytes=gpu_cap, worker_id=self.id, secret=secret)
         )
-        if header.get("op") != "ok":
+        if not isinstance(header, Done):
             raise WorkerLost(f"worker {self.id} refused bind: {header}")
         self.tenant_id, self.tenant_name, self.gpu_cap = tenant_id, tenant_name, gpu_cap
-        self.kernels_version = kernels_version
+        self.kernels_version = ""
 
     def live_stats(self) -> dict[str, int]:
         return self.stats.read() if self.stats else {}

@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+from app.contract.messages import Ping, Pong
 from app.worker.client import WorkerHandle
 from app.worker.forkserver import ForkServer
 from tests.helpers import make_settings
@@ -38,12 +39,12 @@ async def test_forked_workers_serve_and_their_exit_is_seen(tmp_path: Path) -> No
         assert os.getppid() != a.pid and fs.pid is not None
         with open(f"/proc/{a.pid}/stat") as f:  # the fork server is the worker's parent
             assert int(f.read().split(") ", 1)[1].split()[1]) == fs.pid
-        reply, _ = await a.request({"op": "ping"})
-        assert reply["op"] == "pong"
+        reply, _ = await a.request(Ping())
+        assert isinstance(reply, Pong)
         a.proc.kill()  # type: ignore[union-attr]
         assert await asyncio.wait_for(a.proc.wait(), 5) == -signal.SIGKILL  # type: ignore[union-attr]
-        reply, _ = await b.request({"op": "ping"})  # the other one is untouched
-        assert reply["op"] == "pong"
+        reply, _ = await b.request(Ping())  # the other one is untouched
+        assert isinstance(reply, Pong)
         await asyncio.gather(a.close(), b.close())
     finally:
         fs.close_sync()
@@ -63,7 +64,7 @@ async def test_workers_die_with_the_fork_server_and_it_comes_back(tmp_path: Path
         again = WorkerHandle(settings, spawner=fs)  # the next spawn starts a new fork server
         await again.start()
         assert fs.pid != server_pid
-        assert (await again.request({"op": "ping"}))[0]["op"] == "pong"
+        assert isinstance((await again.request(Ping()))[0], Pong)
         await again.close()
     finally:
         fs.close_sync()

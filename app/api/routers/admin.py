@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Response
 
 from app.api.deps import AdminDep, PlatformDep, SessionDep
 from app.api.schemas import ApiKeyCreated, ApiKeyOut, Quota, QuotaUpdate, TenantCreate, TenantOut, TenantUpdate, WorkerOut
+from app.contract.messages import ChangeKind
 from app.db.models import Tenant
 from app.services.api_keys import ApiKeyService
 from app.services.principal import TenantQuota
@@ -92,26 +95,24 @@ async def revoke_api_key(tenant_id: str, key_id: str, session: SessionDep, platf
     await ApiKeyService(session).revoke(tenant_id, key_id)
     await session.commit()
     platform.auth_cache.clear()
+    platform.changed(ChangeKind.KEYS, tenant_id)
     return Response(status_code=204)
 
 
 @router.get("/workers", operation_id="list_workers", response_model=list[WorkerOut])
 async def list_workers(platform: PlatformDep) -> list[WorkerOut]:
-    out = []
-    for w in platform.scheduler.workers:
-        live = w.live_stats()
-        out.append(
-            WorkerOut(
-                id=w.id,
-                pid=w.pid,
-                state=w.state,
-                backend=w.backend,
-                tenant_id=w.tenant_id,
-                tenant=w.tenant_name,
-                gpu_bytes_in_use=live.get("gpu_bytes_in_use", 0),
-                gpu_bytes_cap=w.gpu_cap,
-                invocations=w.invocations,
-                started_at=w.started_at,
-            )
+    return [
+        WorkerOut(
+            id=w.id,
+            pid=w.pid,
+            state=w.state,
+            backend=w.backend,
+            tenant_id=w.tenant_id,
+            tenant=w.tenant,
+            gpu_bytes_in_use=w.gpu_bytes_in_use,
+            gpu_bytes_cap=w.gpu_bytes_cap,
+            invocations=w.invocations,
+            started_at=datetime.fromisoformat(w.started_at),
         )
-    return out
+        for w in await platform.node.workers()
+    ]

@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from app.contract.messages import ChangeKind
 from app.api.body import read_limited, require_content_type
 from app.api.deps import PlatformDep, SessionDep, TenantDep
 from app.api.errors import ApiError
@@ -86,6 +87,7 @@ async def deploy_function(
     await session.commit()
     platform.function_cache.remember(tenant.id, platform.function_cache.meta_for(result.function, result.sha256))
     await platform.function_cache.kernels(tenant.id)  # warm too: a first call often follows a deploy
+    platform.changed(ChangeKind.FUNCTION, tenant.id, name)
     return JSONResponse(status_code=201 if result.created else 200, content=out.model_dump(mode="json"))
 
 
@@ -106,4 +108,5 @@ async def delete_function(name: NameParam, tenant: TenantDep, session: SessionDe
     await FunctionService(session, tenant).delete(name)
     await session.commit()
     platform.function_cache.drop(tenant.id, name)
+    platform.changed(ChangeKind.FUNCTION, tenant.id, name)
     return Response(status_code=204)

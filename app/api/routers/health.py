@@ -4,7 +4,7 @@ import hmac
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from app.api.deps import PlatformDep
@@ -30,7 +30,7 @@ async def readyz(platform: PlatformDep) -> JSONResponse:
     except Exception as exc:
         ok = False
         detail["database"] = f"unreachable: {type(exc).__name__}"
-    workers = platform.scheduler.ready()
+    workers = await platform.node.ready()
     detail["workers"] = "ok" if workers else "none ready"
     ok = ok and workers
     return JSONResponse(status_code=200 if ok else 503, content=Health(status="ok" if ok else "unavailable", detail=detail).model_dump())
@@ -48,4 +48,4 @@ async def metrics(request: Request, platform: PlatformDep) -> Response:
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             raise ApiError(401, "unauthorized", "send `Authorization: Bearer <metrics token>`", {"WWW-Authenticate": "Bearer"})
-    return Response(generate_latest(platform.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(platform.metrics.render() + await platform.node.metrics_text(), media_type=CONTENT_TYPE_LATEST)

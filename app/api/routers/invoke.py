@@ -35,7 +35,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
     tenant = await authenticate_tenant(request, platform)
     body = await read_limited(request, platform.settings.max_request_bytes)
     service = InvokeService(
-        platform.settings, platform.function_cache, platform.scheduler, platform.recorder, platform.metrics, platform.tracing
+        platform.settings, platform.function_cache, platform.node, platform.recorder, platform.metrics, platform.tracing
     )
     outcome = await service.invoke(
         tenant, name, body, request.url.query, request.headers.get("content-type", "")

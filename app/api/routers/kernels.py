@@ -7,6 +7,7 @@ from app.api.body import read_limited, require_content_type
 from app.api.deps import PlatformDep, SessionDep, TenantDep
 from app.api.routers.functions import NameParam
 from app.api.schemas import KernelOut
+from app.contract.messages import ChangeKind
 from app.db.models import Kernel
 from app.services.kernels import KernelService
 
@@ -35,10 +36,11 @@ def kernel_out(k: Kernel, with_source: bool = False) -> KernelOut:
 async def put_kernel(name: NameParam, request: Request, tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> JSONResponse:
     require_content_type(request, "text/plain", "text/x-cuda", "application/octet-stream")
     raw = await read_limited(request, MAX_SOURCE_BYTES, "the kernel source")
-    arch = next((w.device.get("compute_capability") for w in platform.scheduler.workers if w.backend == "cuda"), None)
+    arch = next((w.compute_capability for w in await platform.node.workers() if w.backend == "cuda"), None)
     kernel, created = await KernelService(session, tenant).put(name, raw, arch or None)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
+    platform.changed(ChangeKind.KERNELS, tenant.id)
     return JSONResponse(status_code=201 if created else 200, content=kernel_out(kernel).model_dump(mode="json"))
 
 
@@ -57,4 +59,5 @@ async def delete_kernel(name: NameParam, tenant: TenantDep, session: SessionDep,
     await KernelService(session, tenant).delete(name)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
+    platform.changed(ChangeKind.KERNELS, tenant.id)
     return Response(status_code=204)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 from fastapi import APIRouter
 
 from app.api.deps import PlatformDep, SessionDep, TenantDep
@@ -12,7 +13,7 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
 @router.get("", operation_id="get_usage", response_model=UsageOut)
 async def get_usage(tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> UsageOut:
-    live = platform.scheduler.tenant_usage(tenant.id)
+    live = msgspec.structs.asdict(await platform.node.usage(tenant.id))
     return UsageOut(
         tenant=tenant.name,
         quota=Quota(**tenant.quota.as_dict()),
