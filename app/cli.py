@@ -11,26 +11,15 @@ from app.settings import REPO_ROOT, get_settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.db.migrate import upgrade
-    from app.main import create_app
-
+    from app.node.serve import serve
     from app.observability.logging import configure_logging
 
     settings = get_settings()
     configure_logging(settings)
     settings.ensure_data_dir()
     upgrade(settings.resolved_database_url)
-    uvicorn.run(
-        create_app(settings),
-        host=args.host or settings.host,
-        port=args.port or settings.port,
-        log_level=settings.log_level,
-        log_config=None,  # keep our handler: uvicorn's lines become structured too
-        access_log=False,  # the app's middleware writes access lines (TENSORWASM_ACCESS_LOG)
-    )
-    return 0
+    return serve(settings, args.host or settings.host, args.port or settings.port)
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ from app.db.session import create_engine_for, create_sessionmaker
 from app.platform import Platform
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
+from app.node.client import SupervisorClient
 from app.node.local import LocalNode
+from app.node.port import NodePort
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
@@ -44,10 +46,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = create_engine_for(settings.resolved_database_url)
     sessionmaker = create_sessionmaker(engine)
     compiler = ModuleCompiler(ArtifactCache(settings.cache_dir))
-    scheduler = Scheduler(settings)
     metrics: Metrics = app.state.metrics
-    metrics.attach(scheduler)
-    scheduler.on_bind = metrics.cold_start_seconds.observe
+    node_socket: str | None = app.state.node_socket
+    scheduler: Scheduler | None = None
+    client: SupervisorClient | None = None
+    node: NodePort
+    if node_socket is None:  # the whole node in this process
+        scheduler = Scheduler(settings)
+        metrics.attach(scheduler)
+        node = LocalNode(scheduler)
+    else:  # a front: the scheduler runs in the supervisor
+        node = client = SupervisorClient(node_socket)
     recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size)
     platform = Platform(
         settings=settings,
@@ -58,26 +67,34 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s, settings.function_cache_size),
         recorder=recorder,
         scheduler=scheduler,
-        node=LocalNode(scheduler),
+        node=node,
         metrics=metrics,
         tracing=app.state.tracing,
     )
     app.state.platform = platform
     refresher = CacheRefresher(sessionmaker, platform.auth_cache, platform.function_cache, settings.cache_ttl_s, settings.cache_keep_s)
+    if client is not None:
+        await client.connect(on_change=platform.apply_change)
     recorder.start()
     refresher.start()
-    await scheduler.start(wait=True)
+    if scheduler is not None:
+        await scheduler.start(wait=True)
     try:
         yield
     finally:
         await refresher.stop()
         await recorder.stop()
-        await scheduler.stop()
+        if scheduler is not None:
+            await scheduler.stop()
+        if client is not None:
+            await client.close()
         await engine.dispose()
         app.state.tracing.shutdown()
 
 
-def create_app(settings: Settings | None = None, span_exporter: SpanExporter | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, span_exporter: SpanExporter | None = None, node_socket: str | None = None) -> FastAPI:
+    """`node_socket`: run as a front of a node of several, asking the supervisor listening there
+    for leases; None: the whole node (scheduler and workers) in this process."""
     app = FastAPI(
         title="TensorWasm",
         version=__version__,
@@ -86,7 +103,8 @@ def create_app(settings: Settings | None = None, span_exporter: SpanExporter | N
     )
     settings = settings or get_settings()
     app.state.settings = settings
-    app.state.metrics = Metrics()
+    app.state.node_socket = node_socket
+    app.state.metrics = Metrics(multiprocess=node_socket is not None)
     app.state.tracing = Tracing(settings, span_exporter)
     install_error_handlers(app)
     # the invoke route right after the health routes: routes are matched in order

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     )
     admin_token: str | None = None
     host: str = "127.0.0.1"
+    # HTTP front processes serving the port; above 1, the scheduler runs in a supervisor
+    # process of its own and calls go from a front straight to its leased worker.
+    processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=1, le=256)
     port: int = 8080
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"

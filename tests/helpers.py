@@ -143,6 +143,27 @@ def process_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (fronts, workers, the fork server), walking /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and process_alive(child):
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def wat(name: str) -> bytes:
     return bytes(wasmtime.wat2wasm((GUESTS / f"{name}.wat").read_text()))
 

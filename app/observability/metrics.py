@@ -1,5 +1,9 @@
 """Prometheus metrics (`tensorwasm_*`), one registry per app.
 
+In a node of several fronts, each front counts HTTP requests and invocations into the node's
+prometheus-client multiprocess directory and the supervisor serves its own families over IPC;
+a front's /metrics appends them, so one scrape sees the whole node.
+
 Workers are separate processes, so nothing is counted inside them: each invocation's result
 carries the worker's counts (launches, compile cache), which the api process adds up here, and
 live gauges (GPU bytes in use) are read at scrape time from each worker's shared stats page.
@@ -11,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,12 +31,15 @@ WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
+        """`multiprocess`: a front of a node of several; its counts go to the node's
+        PROMETHEUS_MULTIPROC_DIR (set before prometheus_client was imported) and `render` reads
+        every front's."""
+        self.multiprocess = multiprocess
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.invocations = Counter("tensorwasm_invocations", "Invocations by tenant, function and outcome", ["tenant", "function", "outcome"], registry=r)
         self.invocation_seconds = Histogram("tensorwasm_invocation_duration_seconds", "Invocation latency (api view, queueing included)", ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
-        self.cold_start_seconds = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=r)
         self.kernel_launches = Counter("tensorwasm_kernel_launches", "Kernel launches by guests", ["tenant"], registry=r)
         self.compile_cache = Counter("tensorwasm_kernel_compile_cache", "Kernel module loads by compile-cache result", ["result"], registry=r)
         self.http_requests = Counter("tensorwasm_http_requests", "HTTP requests by route template", ["method", "route", "status"], registry=r)
@@ -49,10 +57,15 @@ class Metrics:
         return c
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)
 
     def attach(self, scheduler: "Scheduler") -> None:
-        self.registry.register(_LiveCollector(scheduler))
+        """The scheduler runs in this process: its families go in this registry."""
+        attach_scheduler(self.registry, scheduler)
 
     def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: HostCounts | None) -> None:
         self.child(self.invocations, tenant, function, outcome).inc()
@@ -64,6 +77,14 @@ class Metrics:
                 self.compile_cache.labels("hit").inc(host.compile_hits)
             if host.compile_misses:
                 self.compile_cache.labels("miss").inc(host.compile_misses)
+
+
+def attach_scheduler(registry: CollectorRegistry, scheduler: "Scheduler") -> None:
+    """The scheduler's own families (cold starts, workers, queues, GPU bytes, restarts,
+    rejections): in the app's registry in a one-process node, in the supervisor's otherwise."""
+    cold = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=registry)
+    scheduler.on_bind = cold.observe
+    registry.register(_LiveCollector(scheduler))
 
 
 class _LiveCollector(Collector):

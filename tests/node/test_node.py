@@ -1,0 +1,197 @@
+"""A real node of two fronts (`TENSORWASM_PROCESSES=2`): limits hold node-wide, a killed front
+loses only its own call, metrics add up over both fronts, a killed supervisor leaves nothing.
+
+Which front accepts a connection is the kernel's choice; to send a call through one front the
+tests stop the other (SIGSTOP) while the connection is made, and use no keep-alive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import ADMIN, GUESTS, build_c, deploy, descendants, new_tenant, process_alive, server_process, wat
+
+FRONT = "app.node.front"
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
+
+
+def fronts(supervisor: int) -> list[int]:
+    out = []
+    for pid in descendants(supervisor):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if FRONT.encode() in cmd:
+            out.append(pid)
+    return sorted(out)
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
+    """Poll until `check` returns something truthy (a liveness bound, not a measurement)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+    data = tmp_path_factory.mktemp("node")
+    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "6", "TENSORWASM_QUEUE_WAIT_MS": "300"}
+    with server_process(database_url, data, **env) as (proc, base):
+        yield proc, base
+
+
+@asynccontextmanager
+async def http(base: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=NO_KEEPALIVE) as client:
+        yield client
+
+
+@asynccontextmanager
+async def only(front: int, others: list[int]) -> AsyncIterator[None]:
+    """While inside, new connections can only be accepted by `front`."""
+    stopped = [p for p in others if p != front]
+    for p in stopped:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in stopped:
+            with contextlib.suppress(ProcessLookupError):  # killed inside
+                os.kill(p, signal.SIGCONT)
+
+
+async def both_fronts(proc: Any) -> list[int]:
+    async def two() -> list[int] | None:
+        f = fronts(proc.pid)
+        return f if len(f) == 2 else None
+
+    return await until(two, "two fronts")  # type: ignore[no-any-return]
+
+
+async def tenant_busy(client: httpx.AsyncClient, tenant_id: str) -> dict[str, Any] | None:
+    workers = (await client.get("/v1/admin/workers", headers=ADMIN)).json()
+    return next((w for w in workers if w["tenant_id"] == tenant_id and w["state"] == "busy"), None)
+
+
+async def test_concurrency_holds_across_fronts(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, max_concurrency=1, timeout_ms=15_000)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        async with http(base) as via_a, http(base) as via_b:
+            async with only(a, [a, b]):
+                first = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=key))
+                await until(lambda: tenant_busy(admin, tid), "the first call to run")
+            async with only(b, [a, b]):
+                second = await via_b.post("/v1/functions/loop/invoke", headers=key)
+                usage = (await admin.get("/v1/usage", headers=key)).json()
+            assert second.status_code == 429, second.text
+            assert second.json()["error"]["code"] == "rate_limited"
+            assert "concurrency limit (1" in second.json()["error"]["message"]
+            assert second.headers["Retry-After"]
+            assert usage["running"] == 1 and usage["workers"] == 1
+            busy = [w for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json() if w["tenant_id"] == tid]
+            assert [w["state"] for w in busy] == ["busy"]
+            first.cancel()
+
+
+async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], tmp_path: Path) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    spin = build_c(GUESTS / "spin.c", tmp_path)
+    async with http(base) as admin:
+        doomed_tid, doomed = await new_tenant(admin, timeout_ms=60_000)
+        assert (await deploy(admin, doomed, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(admin, doomed, "echo", wat("echo"))).status_code == 201
+        other_tid, other = await new_tenant(admin)
+        assert (await deploy(admin, other, "spin", spin)).status_code == 201
+        async with http(base) as via_a, http(base) as via_b:
+            async with only(a, [a, b]):
+                lost = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=doomed))
+                victim = await until(lambda: tenant_busy(admin, doomed_tid), "the doomed call to run")
+            async with only(b, [a, b]):
+                kept = asyncio.create_task(via_b.post("/v1/functions/spin/invoke", headers=other, content=b"2000"))
+                await until(lambda: tenant_busy(admin, other_tid), "the other call to run")
+                os.kill(a, signal.SIGKILL)  # front a dies with the doomed call in flight
+            with pytest.raises(httpx.HTTPError):
+                await lost
+            r = await kept
+            assert r.status_code == 200 and r.text == "done"  # through front b, untouched
+
+        async def replaced() -> bool:
+            workers = (await admin.get("/v1/admin/workers", headers=ADMIN)).json()
+            return not any(w["id"] == victim["id"] for w in workers) and not process_alive(victim["pid"])
+
+        await until(replaced, "the doomed call's worker to be replaced")
+        new_a, new_b = await both_fronts(proc)  # the supervisor started a new front
+        assert a not in (new_a, new_b) and b in (new_a, new_b)
+        r = await admin.post("/v1/functions/echo/invoke", headers=doomed, content=b"again")
+        assert r.status_code == 200 and r.text == "again"
+        usage = (await admin.get("/v1/usage", headers=doomed)).json()
+        assert usage["running"] == 0
+        metrics = (await admin.get("/metrics")).text
+        assert _samples(metrics, "tensorwasm_worker_restarts_total", reason="cancelled") >= 1
+
+
+def _samples(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin)
+        tenant = next(t["name"] for t in (await admin.get("/v1/admin/tenants", headers=ADMIN)).json() if t["id"] == tid)
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        for front, calls in ((a, 3), (b, 4)):
+            async with only(front, [a, b]), http(base) as client:
+                for _ in range(calls):
+                    assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code == 200
+        text = (await admin.get("/metrics")).text
+    assert _samples(text, "tensorwasm_invocations_total", tenant=tenant, outcome="succeeded") == 7
+    assert _samples(text, "tensorwasm_invocation_duration_seconds_count", tenant=tenant) == 7
+    assert _samples(text, "tensorwasm_workers", state="idle") >= 1  # the supervisor's families, in the same scrape
+    assert text.count("# TYPE tensorwasm_workers gauge") == 1
+
+
+async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path: Path) -> None:
+    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2"}
+    with server_process(database_url, tmp_path / "node", **env) as (proc, base):
+        async with http(base) as client:
+            tid, key = await new_tenant(client, timeout_ms=600_000)
+            assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
+            call = asyncio.create_task(client.post("/v1/functions/loop/invoke", headers=key))
+            await until(lambda: tenant_busy(client, tid), "the guest to run")
+            tree = descendants(proc.pid)
+            assert len(fronts(proc.pid)) == 2 and len(tree) >= 5  # 2 fronts, fork server, 2 workers
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            with pytest.raises(httpx.HTTPError):
+                await call
+
+    async def gone() -> bool:
+        return not [p for p in tree if process_alive(p)]
+
+    await until(gone, "every process of the node to die", limit_s=10)
