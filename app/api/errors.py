@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app.contract.errors import NoCapacity, Rejected, SupervisorGone
 
@@ -66,6 +67,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SupervisorGone)
     async def _supervisor_gone(_: Request, exc: SupervisorGone) -> JSONResponse:
         return envelope(503, "unavailable", f"{exc}; retry later", {"Retry-After": "1"})
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
+        # the client closed the connection while sending its body: nobody reads this reply
+        return envelope(400, "client_disconnected", "the client closed the connection before sending the whole body")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

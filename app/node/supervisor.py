@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
 import os
 import secrets
@@ -48,6 +49,17 @@ from app.services.principal import TenantPrincipal, TenantQuota
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+RUN_DIR_PREFIX = "tensorwasm-node-"
+
+
+def sweep_run_dirs(base: Path) -> None:
+    """Remove the run directories of supervisors that no longer run (killed, so never cleaned)."""
+    for path in base.glob(f"{RUN_DIR_PREFIX}*"):
+        pid = path.name.removeprefix(RUN_DIR_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and path.owner() == getpass.getuser() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _principal(p: Principal) -> TenantPrincipal:
@@ -79,8 +91,9 @@ class Supervisor:
     def __init__(self, settings: Settings, host: str, port: int) -> None:
         self.settings = settings
         self.host, self.port = host, port
-        base = os.environ.get("XDG_RUNTIME_DIR") or None  # else the temp dir: short socket paths
-        self.run_dir = Path(tempfile.mkdtemp(prefix="tensorwasm-", dir=base))  # 0700
+        base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()  # short socket paths
+        sweep_run_dirs(Path(base))
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=base))  # 0700
         self.metrics_dir = self.run_dir / "metrics"
         self.metrics_dir.mkdir(mode=0o700)
         self.ipc_path = str(self.run_dir / "supervisor.sock")
@@ -166,9 +179,7 @@ class Supervisor:
             while True:
                 msg = await read_message(reader)
                 if isinstance(msg, LeaseRequest):
-                    task = asyncio.get_running_loop().create_task(self._lease(front, msg))
-                    front.asking.add(task)
-                    task.add_done_callback(front.asking.discard)
+                    self._lease_request(front, msg)
                 elif isinstance(msg, ReleaseLease):
                     self._release(front, msg.lease_id, msg.outcome, msg.kernels_version)
                 elif isinstance(msg, RateCheck):
@@ -200,17 +211,36 @@ class Supervisor:
         with contextlib.suppress(Exception):
             front.writer.close()
 
-    async def _lease(self, front: _Front, msg: LeaseRequest) -> None:
+    def _lease_request(self, front: _Front, msg: LeaseRequest) -> None:
+        """Grant at once when the tenant has an idle worker and may run; else wait in a task."""
         principal = _principal(msg.principal)
+        with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.wait": False}):
+            try:
+                lease = self.scheduler.lease_now(principal, check_rate=msg.check_rate)
+            except Rejected as exc:
+                front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
+                return
+        if lease is not None:
+            self._granted(front, msg, lease)
+            return
+        task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
+        front.asking.add(task)
+        task.add_done_callback(front.asking.discard)
+
+    async def _lease(self, front: _Front, msg: LeaseRequest, principal: TenantPrincipal) -> None:
         try:
-            with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name}):
-                lease = await self.scheduler.lease(principal, check_rate=msg.check_rate)
+            with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.wait": True}):
+                lease = await self.scheduler.lease(principal)  # the rate was taken by lease_now
         except Rejected as exc:
             front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
             return
         except NoCapacity as exc:
             front.send(Refusal(msg.req, RefusalKind.NO_CAPACITY, str(exc)))
             return
+        self._granted(front, msg, lease)
+
+    def _granted(self, front: _Front, msg: LeaseRequest, lease: Lease) -> None:
+        principal = lease.tenant.principal
         if front.closed:
             self.scheduler.release(lease, Outcome.CANCELLED)
             return
@@ -257,4 +287,11 @@ class Supervisor:
 
 
 def run_supervisor(settings: Settings, host: str, port: int) -> int:
-    return asyncio.run(Supervisor(settings, host, port).run())
+    async def main() -> int:
+        return await Supervisor(settings, host, port).run()
+
+    try:
+        import uvloop  # with uvicorn[standard]: the fronts' loop too; halves the lease round trip
+    except ImportError:
+        return asyncio.run(main())
+    return uvloop.run(main())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import time
 import uuid
@@ -115,6 +116,8 @@ class Scheduler:
         self.secret = secret
         self.run_dir = run_dir
         self.leases: dict[str, Lease] = {}
+        self._lease_seq = itertools.count(1)
+        self._node_tag = uuid.uuid4().hex[:8]
         self.workers: list[WorkerHandle] = []
         self.tenants: dict[str, _Tenant] = {}
         self.restarts: Counter[str] = Counter()
@@ -359,7 +362,11 @@ class Scheduler:
 
     def check_rate(self, principal: TenantPrincipal) -> None:
         """Take one call from the tenant's token bucket, or raise Rejected (rate)."""
-        wait = self._tenant(principal).bucket.take()
+        self._take_rate(self._tenant(principal))
+
+    def _take_rate(self, ts: _Tenant) -> None:
+        principal = ts.principal
+        wait = ts.bucket.take()
         if wait > 0:
             self.rejections[(principal.name, "rate")] += 1
             raise Rejected(
@@ -383,8 +390,9 @@ class Scheduler:
     async def lease(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease:
         """Admit one call of the tenant (rate when asked, concurrency, fair share, queue) and
         hold a worker bound to it for the call. The caller must `release` the lease."""
-        if check_rate:
-            self.check_rate(principal)
+        lease = self.lease_now(principal, check_rate)
+        if lease is not None:
+            return lease
         ts = self._tenant(principal)
         ticket = await self._enter(ts)
         try:
@@ -393,7 +401,33 @@ class Scheduler:
             self._leave(ticket)
             raise
         ts.last_used = time.monotonic()
-        lease = Lease(uuid.uuid4().hex, w, ts, ticket, w.kernels_version)
+        return self._grant(w, ts, ticket)
+
+    def lease_now(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease | None:
+        """The lease without waiting, when the tenant may start a call now and has an idle
+        worker (a warm tenant's usual call): no task, no event-loop turn. None: call `lease`
+        (with check_rate=False: the rate was taken here)."""
+        ts = self._tenant(principal)
+        if check_rate:
+            self._take_rate(ts)
+        if ts.waiters:
+            return None  # FIFO: those queued go first
+        cap = principal.quota.gpu_memory_bytes
+        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
+        if w is None:
+            return None
+        ticket, granted = self.fair.submit(principal.id, principal.quota.max_concurrency)
+        self._wake(granted)
+        if not ticket.granted:
+            self.fair.withdraw(ticket)
+            return None
+        w.state = WorkerState.BUSY
+        ts.last_used = time.monotonic()
+        return self._grant(w, ts, ticket)
+
+    def _grant(self, w: WorkerHandle, ts: _Tenant, ticket: Ticket) -> Lease:
+        # unique on this node is enough: a front proves its lease with the token, not the id
+        lease = Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
         self.leases[lease.id] = lease
         return lease
 

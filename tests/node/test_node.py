@@ -51,7 +51,8 @@ async def until(check: Callable[[], Awaitable[Any]], what: str, limit_s: float =
 @pytest.fixture(scope="module")
 def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     data = tmp_path_factory.mktemp("node")
-    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "6", "TENSORWASM_QUEUE_WAIT_MS": "300"}
+    # a long cache TTL: a front would serve stale keys and functions unless told of changes
+    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "6", "TENSORWASM_QUEUE_WAIT_MS": "300", "TENSORWASM_CACHE_TTL_S": "600"}
     with server_process(database_url, data, **env) as (proc, base):
         yield proc, base
 
@@ -150,6 +151,37 @@ async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], tmp
         assert _samples(metrics, "tensorwasm_worker_restarts_total", reason="cancelled") >= 1
 
 
+async def test_admin_changes_reach_every_front_at_once(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+
+    async def via(front: int, method: str, url: str, **kw: Any) -> httpx.Response:
+        async with only(front, [a, b]), http(base) as client:
+            return await client.request(method, url, **kw)
+
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin)
+    async with only(a, [a, b]), http(base) as client:
+        assert (await deploy(client, key, "f", wat("echo"))).status_code == 201
+    r = await via(b, "POST", "/v1/functions/f/invoke", headers=key, content=b"v1")
+    assert r.status_code == 200 and r.text == "v1"  # front b now caches the key and the function
+
+    async with only(a, [a, b]), http(base) as client:  # a new version, deployed through front a
+        assert (await deploy(client, key, "f", wat("exit3"))).status_code == 200
+    r = await via(b, "POST", "/v1/functions/f/invoke", headers=key, content=b"v2")
+    assert r.status_code == 500 and r.json()["error"]["exit_code"] == 3
+
+    assert (await via(b, "GET", "/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 4
+    r = await via(a, "PUT", f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 2})
+    assert r.status_code == 200, r.text
+    assert (await via(b, "GET", "/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 2
+
+    key_id = (await via(a, "GET", f"/v1/admin/tenants/{tid}/api-keys", headers=ADMIN)).json()[0]["id"]
+    assert (await via(a, "DELETE", f"/v1/admin/tenants/{tid}/api-keys/{key_id}", headers=ADMIN)).status_code == 204
+    r = await via(b, "POST", "/v1/functions/f/invoke", headers=key, content=b"v3")
+    assert r.status_code == 401
+
+
 def _samples(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -183,9 +215,11 @@ async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path
             tid, key = await new_tenant(client, timeout_ms=600_000)
             assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
             call = asyncio.create_task(client.post("/v1/functions/loop/invoke", headers=key))
-            await until(lambda: tenant_busy(client, tid), "the guest to run")
+            busy = await until(lambda: tenant_busy(client, tid), "the guest to run")
+            front_pids = await both_fronts(proc)
             tree = descendants(proc.pid)
-            assert len(fronts(proc.pid)) == 2 and len(tree) >= 5  # 2 fronts, fork server, 2 workers
+            assert set(front_pids) <= tree and busy["pid"] in tree
+            assert len(tree) >= 4  # two fronts, the fork server and the busy worker, at least
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             with pytest.raises(httpx.HTTPError):
