@@ -22,7 +22,8 @@ from app.node.port import NodePort
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
-from app.services.invocations import FunctionCache, InvocationRecorder
+from app.services.function_cache import FunctionCache
+from app.services.records import InvocationRecorder
 from app.observability.metrics import Metrics
 from app.observability.middleware import ObservabilityMiddleware
 from app.observability.tracing import Tracing

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from app.observability.tracing import Tracing
     from app.node.port import NodePort
     from app.scheduler.scheduler import Scheduler
-    from app.services.invocations import InvocationRecorder, FunctionCache
+    from app.services.function_cache import FunctionCache
+    from app.services.records import InvocationRecorder
 
 
 @dataclass

@@ -12,7 +12,17 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
-from app.contract.messages import LeaseRequest, LeaseToken, Principal, Quota, Run, node_decoder, node_encoder, worker_decoder, worker_encoder
+from app.contract.messages import (
+    LeaseRequest,
+    LeaseToken,
+    Principal,
+    Quota,
+    Run,
+    node_decoder,
+    node_encoder,
+    worker_decoder,
+    worker_encoder,
+)
 
 
 def _run() -> Run:

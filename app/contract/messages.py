@@ -3,7 +3,7 @@
 Two channels, each a tagged union of msgspec Structs encoded as MessagePack:
 
 - worker frames (`WorkerMessage`, tag `op`): the supervisor <-> worker control pipe (ready, bind,
-  stats, exit) and the front <-> worker unix socket (run, then zero or more chunk frames and one
+  ping, exit) and the front <-> worker unix socket (run, then zero or more chunk frames and one
   result). A frame is `u32 header_len | u32 body_len | header | body` (app/contract/frames.py);
   bodies (stdin, stdout + stderr tail, chunks) stay raw bytes, never inside the header.
 - node messages (`NodeMessage`, tag `t`): front <-> supervisor over the supervisor's unix socket:
@@ -13,12 +13,16 @@ Two channels, each a tagged union of msgspec Structs encoded as MessagePack:
 Neither side ever unpickles what the other wrote: decoding validates types against these
 definitions, so a compromised worker cannot run code in a front or the supervisor.
 
-Cost per encode + decode, measured on the 2-core dev box (`python -m app.contract.bench`):
+Cost per encode + decode, best of 5 x 20k, on the 2-core dev box (`python -m app.bench.contract`;
+two runs, the box shared with other work):
 
-| message | msgspec msgpack Struct | json.dumps/loads of a dict | pydantic model_dump_json/validate_json |
+| message | msgspec MessagePack Struct | json.dumps/loads of a dict | pydantic model_dump_json / model_validate_json |
 | --- | --- | --- | --- |
-| run header | 2.1 µs | 9.9 µs | 10.4 µs |
-| lease request | 1.4 µs | 6.9 µs | 7.4 µs |
+| run header | 2.3 – 2.5 µs | 9.4 – 13.6 µs | 5.9 – 9.4 µs |
+| lease request | 1.3 – 1.4 µs | 7.9 – 8.7 µs | 7.4 – 8.9 µs |
+
+msgspec also validates every field on decode (json.loads does not), and carries bytes natively
+(the lease MAC) where JSON needs hex.
 """
 
 from __future__ import annotations

@@ -13,8 +13,28 @@ from dataclasses import dataclass, field
 from app.contract.errors import NoCapacity, Rejected, SupervisorGone
 from app.contract.frames import ProtocolError, encode, read_frame_async
 from app.contract.messages import (
-    ChangeKind, Changed, Chunk, Granted, Hello, LeaseRequest, NodeMessage, Outcome, Principal, Quota, RateCheck, RateOk,
-    Refusal, RefusalKind, ReleaseLease, Run, Usage, View, ViewKind, ViewReply, WorkerInfo, WorkerMessage,
+    Changed,
+    ChangeKind,
+    Chunk,
+    Granted,
+    Hello,
+    LeaseRequest,
+    NodeMessage,
+    Outcome,
+    Principal,
+    Quota,
+    RateCheck,
+    RateOk,
+    Refusal,
+    RefusalKind,
+    ReleaseLease,
+    Run,
+    Usage,
+    View,
+    ViewKind,
+    ViewReply,
+    WorkerInfo,
+    WorkerMessage,
 )
 from app.node.ipc import pack, read_message
 from app.services.principal import TenantPrincipal

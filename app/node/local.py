@@ -6,7 +6,8 @@ from typing import cast
 
 from app.contract.messages import ChangeKind, Outcome, Usage, WorkerInfo
 from app.node.port import CallLease
-from app.scheduler.scheduler import Lease, Scheduler
+from app.scheduler.leases import Lease
+from app.scheduler.scheduler import Scheduler
 from app.services.principal import TenantPrincipal
 
 

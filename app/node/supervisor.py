@@ -38,13 +38,30 @@ from prometheus_client import CollectorRegistry, generate_latest
 from app.contract.errors import NoCapacity, Rejected
 from app.contract.frames import ProtocolError
 from app.contract.messages import (
-    ChangeKind, Changed, Granted, Hello, LeaseRequest, LeaseToken, NodeMessage, Outcome, Principal, RateCheck, RateOk,
-    Refusal, RefusalKind, ReleaseLease, View, ViewKind, ViewReply, lease_mac,
+    Changed,
+    ChangeKind,
+    Granted,
+    Hello,
+    LeaseRequest,
+    LeaseToken,
+    NodeMessage,
+    Outcome,
+    Principal,
+    RateCheck,
+    RateOk,
+    Refusal,
+    RefusalKind,
+    ReleaseLease,
+    View,
+    ViewKind,
+    ViewReply,
+    lease_mac,
 )
 from app.node.ipc import pack, read_message
 from app.observability.metrics import attach_scheduler
 from app.observability.tracing import Tracing
-from app.scheduler.scheduler import Lease, Scheduler
+from app.scheduler.leases import Lease
+from app.scheduler.scheduler import Scheduler
 from app.services.principal import TenantPrincipal, TenantQuota
 from app.settings import Settings
 

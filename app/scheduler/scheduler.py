@@ -14,7 +14,6 @@ FIFO within a tenant) is decided by app/scheduler/fairness.py; this module runs 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import time
@@ -27,9 +26,10 @@ from typing import Any
 
 import msgspec
 
-from app.contract.errors import HardTimeout, NoCapacity, RejectReason, Rejected, WorkerCrashed
-from app.contract.messages import Outcome, Result, Run, Usage, WorkerInfo, WorkerMessage
+from app.contract.errors import HardTimeout, NoCapacity, Rejected, RejectReason, WorkerCrashed
+from app.contract.messages import Outcome, Run, Usage, WorkerInfo, WorkerMessage
 from app.scheduler.fairness import Blocked, FairShare, Ticket
+from app.scheduler.leases import KernelSet, Lease, outcome_of
 from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
@@ -39,41 +39,7 @@ from app.worker.stats import stats_dir, sweep_stale_pages
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HardTimeout", "KernelSet", "Lease", "NoCapacity", "Rejected", "Scheduler", "WorkerCrashed"]
-
-
-@dataclass(frozen=True)
-class KernelSet:
-    """A tenant's kernel sources; `version` is their content hash, the same in every front."""
-
-    version: str
-    sources: dict[str, str]
-
-    @classmethod
-    def of(cls, sources: dict[str, str]) -> "KernelSet":
-        if not sources:
-            return cls("", {})
-        digest = hashlib.sha256()
-        for name in sorted(sources):
-            digest.update(hashlib.sha256(name.encode()).digest())
-            digest.update(hashlib.sha256(sources[name].encode()).digest())
-        return cls(digest.hexdigest()[:32], dict(sources))
-
-
-@dataclass(eq=False)
-class Lease:
-    """One call's hold on one worker, from `Scheduler.lease` to `Scheduler.release`."""
-
-    id: str
-    worker: WorkerHandle
-    tenant: "_Tenant"
-    ticket: Ticket
-    kernels_version: str  # what the worker holds at the grant
-    released: bool = False
-
-    async def exchange(self, run: Run, body: bytes) -> tuple[WorkerMessage, bytes]:
-        """In a one-process node the call goes over the worker's pipe."""
-        return await self.worker.request(run, body)
+__all__ = ["HardTimeout", "KernelSet", "Lease", "NoCapacity", "Rejected", "Scheduler", "WorkerCrashed", "outcome_of"]
 
 
 @dataclass
@@ -99,13 +65,6 @@ _RETIRE_REASON = {
     Outcome.HARD_TIMEOUT: "hard_timeout",
     Outcome.CANCELLED: "cancelled",
 }
-
-
-def outcome_of(reply: WorkerMessage) -> Outcome:
-    """A worker's answer to a run, as the outcome its lease is released with."""
-    if not isinstance(reply, Result):
-        return Outcome.LOST
-    return Outcome.DEVICE_ERROR if reply.host.device_error else Outcome.OK
 
 
 class Scheduler:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
 
-from app.settings import Settings
-from app.worker.forkserver import ForkedProcess, ForkServer
 from app.contract.frames import ProtocolError, encode, read_frame_async
 from app.contract.messages import Bind, DeviceInfo, Done, Ready, WorkerMessage
+from app.settings import Settings
+from app.worker.forkserver import ForkedProcess, ForkServer
 from app.worker.stats import StatsPage, page_path, stats_dir
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ import argparse
 import contextlib
 import hmac
 import logging
+import os
 import selectors
 import socket
-import os
 import sys
 import time
 from collections import deque
@@ -26,7 +26,21 @@ import msgspec
 
 from app.contract.frames import ProtocolError, read_frame, write_frame
 from app.contract.messages import (
-    Bind, DeviceInfo, Done, Exit, Failed, HostCounts, Ping, Pong, Ready, Refused, Result, Run, RunStatus, WorkerMessage, lease_mac,
+    Bind,
+    DeviceInfo,
+    Done,
+    Exit,
+    Failed,
+    HostCounts,
+    Ping,
+    Pong,
+    Ready,
+    Refused,
+    Result,
+    Run,
+    RunStatus,
+    WorkerMessage,
+    lease_mac,
 )
 
 

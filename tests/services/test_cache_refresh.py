@@ -12,7 +12,7 @@ import pytest
 from app.api.errors import ApiError
 from app.services.api_keys import ApiKeyService, AuthCache, hash_key
 from app.services.cache_refresh import CacheRefresher
-from app.services.invocations import FunctionCache
+from app.services.function_cache import FunctionCache
 from tests.helpers import ADMIN, deploy, new_tenant, wat
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from app.services.invocations import InvocationRecorder
+from app.services.records import InvocationRecorder
 from tests.helpers import new_tenant
 
 
