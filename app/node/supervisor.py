@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from app.contract.errors import NoCapacity, Rejected
 from app.contract.frames import ProtocolError
@@ -118,10 +118,10 @@ class Supervisor:
         self.scheduler = Scheduler(settings, self.secret, self.run_dir)
         self.registry = CollectorRegistry(auto_describe=True)
         attach_scheduler(self.registry, self.scheduler)
+        self.front_restarts = Counter("tensorwasm_front_restarts", "Front processes started again after they died", registry=self.registry)
         self.tracing = Tracing(settings)
         self.fronts: set[_Front] = set()
         self.front_procs: dict[int, asyncio.subprocess.Process] = {}
-        self.front_restarts = 0
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -168,7 +168,7 @@ class Supervisor:
             code = await proc.wait()
             if self._stopping.is_set():
                 return
-            self.front_restarts += 1
+            self.front_restarts.inc()
             failures += 1
             log.error("front %d (pid %d) exited with %s; starting it again", index, proc.pid, code)
             await asyncio.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from app.contract.errors import HardTimeout, NoCapacity, Rejected, RejectReason, WorkerCrashed
-from app.contract.messages import Outcome, Run, Usage, WorkerInfo, WorkerMessage
+from app.contract.messages import Outcome, Usage, WorkerInfo
 from app.scheduler.fairness import Blocked, FairShare, Ticket
 from app.scheduler.leases import KernelSet, Lease, outcome_of
 from app.scheduler.ratelimit import TokenBucket
@@ -411,30 +411,6 @@ class Scheduler:
                 self._retire(w, _RETIRE_REASON[outcome])
         finally:
             self._leave(lease.ticket)
-
-    async def run(
-        self, principal: TenantPrincipal, run: Run, body: bytes, hard_timeout_s: float, kernels: KernelSet
-    ) -> tuple[WorkerMessage, bytes, WorkerHandle]:
-        """Lease, exchange and release in one call (the caller checked the rate first)."""
-        lease = await self.lease(principal)
-        outcome = Outcome.CANCELLED
-        try:
-            if lease.kernels_version != kernels.version:
-                run.kernels = kernels.sources
-            run.kernels_version = kernels.version
-            try:
-                async with asyncio.timeout(hard_timeout_s):  # no extra task, unlike wait_for
-                    reply, out = await lease.exchange(run, body)
-            except TimeoutError:
-                outcome = Outcome.HARD_TIMEOUT
-                raise HardTimeout() from None
-            except WorkerLost:
-                outcome = Outcome.LOST
-                raise WorkerCrashed() from None
-            outcome = outcome_of(reply)
-            return reply, out, lease.worker
-        finally:
-            self.release(lease, outcome, kernels.version)
 
     # -- views --------------------------------------------------------------------------------
     def usage(self, tenant_id: str) -> Usage:

@@ -182,6 +182,37 @@ async def test_admin_changes_reach_every_front_at_once(node: tuple[Any, str]) ->
     assert r.status_code == 401
 
 
+async def test_the_supervisor_holds_a_silent_front_to_the_hard_deadline(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, timeout_ms=500)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        before = _samples((await admin.get("/metrics")).text, "tensorwasm_worker_restarts_total", reason="hard_timeout")
+        async with http(base) as via_a:
+            async with only(a, [a, b]):
+                call = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=key))
+                victim = await until(lambda: tenant_busy(admin, tid), "the call to run")
+            os.kill(a, signal.SIGSTOP)  # front a can neither time the call out nor release it
+            try:
+                async with only(b, [a, b]):
+
+                    async def killed() -> bool:
+                        text = (await admin.get("/metrics")).text
+                        return _samples(text, "tensorwasm_worker_restarts_total", reason="hard_timeout") > before
+
+                    await until(killed, "the supervisor to take the lease back")
+                    assert not process_alive(victim["pid"])
+            finally:
+                os.kill(a, signal.SIGCONT)
+            # front a wakes past its own deadline with its worker gone: the call fails as a timeout
+            # or a lost worker, whichever the front's loop sees first; its late release is ignored
+            r = await call
+            assert (r.status_code, r.json()["error"]["code"]) in ((504, "timeout"), (500, "worker_crashed")), r.text
+        usage = (await admin.get("/v1/usage", headers=key)).json()
+        assert usage["running"] == 0
+
+
 def _samples(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
