@@ -30,8 +30,10 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
@@ -148,8 +150,8 @@ class Supervisor:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return 0
 
-    def _spawn_task(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -162,7 +162,7 @@ class Scheduler:
             if self.backend == "unknown":  # every worker of a node runs the same backend
                 self.backend = w.backend
                 if not self.settings.device_memory_bytes and w.backend == "cuda":
-                    self.device_budget = int(w.device.get("total_memory_bytes", 0))
+                    self.device_budget = w.device.total_memory_bytes
         except Exception as exc:
             log.error("worker %s failed to start: %s", w.id, exc)
             self._start_failures += 1

@@ -67,9 +67,9 @@ class FunctionCache:
             self._touch(key, now)
             return meta, hit[1]  # the hot path: no task, no await
         self._check_missing(key, now)
-        meta, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
+        found, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
         self._touch(key, time.monotonic())
-        return meta, kernels
+        return found, kernels
 
     def _touch(self, key: tuple[str, str], now: float) -> None:
         used = self._used

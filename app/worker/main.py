@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import msgspec
 
@@ -226,7 +226,9 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
                         return 0
                 elif key.fileobj is listener:
                     conn, _addr = listener.accept()
-                    conns[conn.fileno()] = (conn, conn.makefile("rb", buffering=1 << 16), conn.makefile("wb", buffering=1 << 16))
+                    rfile = cast(BinaryIO, conn.makefile("rb", buffering=1 << 16))
+                    wfile = cast(BinaryIO, conn.makefile("wb", buffering=1 << 16))
+                    conns[conn.fileno()] = (conn, rfile, wfile)
                     sel.register(conn, selectors.EVENT_READ, None)
                 else:
                     fd = key.fd
