@@ -213,6 +213,23 @@ async def test_the_supervisor_holds_a_silent_front_to_the_hard_deadline(node: tu
         assert usage["running"] == 0
 
 
+async def test_a_worker_killed_mid_call_fails_that_call_through_its_front(node: tuple[Any, str]) -> None:
+    _, base = node
+    async with http(base) as client:
+        tid, key = await new_tenant(client, timeout_ms=60_000)
+        assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
+        call = asyncio.create_task(client.post("/v1/functions/loop/invoke", headers=key))
+        busy = await until(lambda: tenant_busy(client, tid), "the call to run")
+        os.kill(busy["pid"], signal.SIGKILL)
+        r = await call
+        assert r.status_code == 500 and r.json()["error"]["code"] == "worker_crashed", r.text
+        r = await client.post("/v1/functions/echo/invoke", headers=key, content=b"after")
+        assert r.status_code == 200 and r.text == "after"
+        workers = (await client.get("/v1/admin/workers", headers=ADMIN)).json()
+        assert busy["id"] not in [w["id"] for w in workers]
+
+
 def _samples(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
