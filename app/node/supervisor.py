@@ -130,7 +130,8 @@ class Supervisor:
     # -- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        listener = socket.create_server((self.host, self.port), backlog=4096)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.create_server((self.host, self.port), family=family, backlog=4096)
         listener.set_inheritable(True)
         server = await asyncio.start_unix_server(self._serve_front, path=self.ipc_path, limit=1 << 20)
         for sig in (signal.SIGTERM, signal.SIGINT):
