@@ -358,6 +358,28 @@ def _rate_limited(exc: Rejected) -> ApiError:
     return ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
 
 
+def run_header(
+    settings: Settings, tenant: TenantPrincipal, meta: FunctionMeta, name: str, invocation_id: str, query: str, content_type: str
+) -> tuple[dict[str, Any], int]:
+    """The worker's `run` request for one call, and the call's time limit in ms (the function's
+    own, at most the tenant's)."""
+    timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
+    env = dict(meta.env)
+    env.update(TW_FUNCTION=name, TW_INVOCATION_ID=invocation_id, TW_TENANT=tenant.name, QUERY_STRING=query, CONTENT_TYPE=content_type)
+    header: dict[str, Any] = {
+        "op": "run",
+        "invocation_id": invocation_id,
+        "function": name,
+        "sha256": meta.sha256,
+        "env": env,
+        "timeout_ms": timeout_ms,
+        "wasm_memory_bytes": tenant.quota.wasm_memory_bytes,
+        "stdout_limit": settings.stdout_limit_bytes,
+        "stderr_limit": settings.stderr_tail_bytes,
+    }
+    return header, timeout_ms
+
+
 class InvokeService:
     def __init__(self, settings: Settings, functions: FunctionCache, scheduler: Scheduler, recorder: InvocationRecorder, metrics: Metrics, tracing: Tracing) -> None:
         self.settings = settings
@@ -375,26 +397,7 @@ class InvokeService:
         meta, kernels = await self.functions.lookup(tenant.id, name)
         invocation_id = uuid.uuid4().hex
         ctx.invocation_id.set(invocation_id)
-        timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
-        env = dict(meta.env)
-        env.update(
-            TW_FUNCTION=name,
-            TW_INVOCATION_ID=invocation_id,
-            TW_TENANT=tenant.name,
-            QUERY_STRING=query,
-            CONTENT_TYPE=content_type,
-        )
-        header = {
-            "op": "run",
-            "invocation_id": invocation_id,
-            "function": name,
-            "sha256": meta.sha256,
-            "env": env,
-            "timeout_ms": timeout_ms,
-            "wasm_memory_bytes": tenant.quota.wasm_memory_bytes,
-            "stdout_limit": self.settings.stdout_limit_bytes,
-            "stderr_limit": self.settings.stderr_tail_bytes,
-        }
+        header, timeout_ms = run_header(self.settings, tenant, meta, name, invocation_id, query, content_type)
         started = datetime.now(timezone.utc)
         t0 = time.perf_counter()
         hard_timeout = (timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
@@ -505,20 +508,7 @@ class Executor:
     ) -> Execution:
         self.scheduler.check_rate(tenant)  # before the lookup: a name that does not exist costs a call too
         meta, kernels = await self.functions.lookup(tenant.id, name)
-        timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
-        env = dict(meta.env)
-        env.update(TW_FUNCTION=name, TW_INVOCATION_ID=invocation_id, TW_TENANT=tenant.name, QUERY_STRING=query, CONTENT_TYPE=content_type)
-        header: dict[str, Any] = {
-            "op": "run",
-            "invocation_id": invocation_id,
-            "function": name,
-            "sha256": meta.sha256,
-            "env": env,
-            "timeout_ms": timeout_ms,
-            "wasm_memory_bytes": tenant.quota.wasm_memory_bytes,
-            "stdout_limit": self.settings.stdout_limit_bytes,
-            "stderr_limit": self.settings.stderr_tail_bytes,
-        }
+        header, timeout_ms = run_header(self.settings, tenant, meta, name, invocation_id, query, content_type)
         if on_chunk is not None:
             header["stream"] = True
         started = datetime.now(timezone.utc)
