@@ -87,6 +87,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     platform.queue_runner = QueueRunner(
         sessionmaker, settings, platform.executor.execute, platform.clock, platform.queue.write_lock
     )
+    metrics.attach_queue(platform.queue_runner)
     app.state.platform = platform
     refresher = CacheRefresher(sessionmaker, platform.auth_cache, platform.function_cache, settings.cache_ttl_s, settings.cache_keep_s)
     recorder.start()

@@ -19,6 +19,7 @@ from app.sandbox.errors import CompileOutcome
 
 if TYPE_CHECKING:
     from app.scheduler.scheduler import Scheduler
+    from app.queue.runner import QueueRunner
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
@@ -63,6 +64,9 @@ class Metrics:
 
     def attach(self, scheduler: "Scheduler") -> None:
         self.registry.register(_LiveCollector(scheduler))
+
+    def attach_queue(self, runner: "QueueRunner") -> None:
+        self.registry.register(_QueueCollector(runner))
 
     def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: dict[str, int] | None) -> None:
         self.child(self.invocations, tenant, function, outcome).inc()
@@ -128,3 +132,19 @@ class _LiveCollector(Collector):
         for (tenant, reason), n in sorted(s.rejections.items()):
             rejected.add_metric([tenant, reason], n)
         yield rejected
+
+
+class _QueueCollector(Collector):
+    """The async queue's gauges: the backlog is counted in the database with each lease check
+    (every third of `TENSORWASM_QUEUE_LEASE_S`), so it is every node's, a few seconds old."""
+
+    def __init__(self, runner: "QueueRunner") -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        backlog = GaugeMetricFamily("tensorwasm_async_backlog", "Async invocations queued in the database, not yet started (all nodes)")
+        backlog.add_metric([], self.runner.backlog)
+        yield backlog
+        running = GaugeMetricFamily("tensorwasm_async_running", "Async invocations this node is running")
+        running.add_metric([], len(self.runner.running))
+        yield running

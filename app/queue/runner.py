@@ -68,6 +68,7 @@ class QueueRunner:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.started_count = 0
+        self.backlog = 0  # queued async invocations in the database (every node's), as last counted
         self.start_delays: list[float] = []  # submit-to-start seconds, for the benchmark
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -247,6 +248,8 @@ class QueueRunner:
                     repo = InvocationRepository(session)
                     cancel = await repo.renew(self.node_id, list(self.running), now + timedelta(seconds=self.settings.queue_lease_s))
                     expired = await repo.interrupt(now) if check else 0
+                    if check:
+                        self.backlog = await repo.queued_total()
                     await session.commit()
                 if check:
                     last_check = time.monotonic()

@@ -10,7 +10,8 @@ from datetime import timedelta
 import httpx
 
 from app.db.models import Invocation, utcnow
-from tests.helpers import ADMIN, deploy, new_tenant, wat
+from app.db.migrate import upgrade
+from tests.helpers import ADMIN, deploy, fresh_database, make_settings, new_tenant, running_app, wat
 
 
 async def submit(client: httpx.AsyncClient, key: dict, name: str, body: bytes = b"", headers: dict | None = None) -> httpx.Response:
@@ -217,3 +218,28 @@ async def test_stale_claims_end_interrupted_never_rerun(client: httpx.AsyncClien
     rec = await wait_status(client, key, mine, "interrupted")
     out = await client.get(f"/v1/invocations/{mine}/output", headers=key)
     assert out.status_code == 200 and out.content == b"" and out.headers["x-invocation-status"] == "interrupted"
+
+
+async def test_backlog_and_running_gauges(tmp_path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def gauges(text: str) -> dict[str, float]:
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("tensorwasm_async_")}
+
+    # its own database (the backlog counts every node's queued work), a lease check (and so a
+    # backlog count) every 0.1 s
+    url, drop = fresh_database(tmp_path)
+    upgrade(url)
+    async with running_app(make_settings(url, tmp_path / "data", queue_lease_s=0.3)) as (client, _):
+        assert gauges((await client.get("/metrics")).text) == {"tensorwasm_async_backlog": 0, "tensorwasm_async_running": 0}
+        _, key = await new_tenant(client, max_concurrency=1, timeout_ms=60_000)
+        await deploy(client, key, "loop", wat("loop"))
+        ids = [(await submit(client, key, "loop")).json()["id"] for _ in range(3)]
+        await wait_status(client, key, ids[0], "running")
+        deadline = asyncio.get_running_loop().time() + 30
+        while (seen := gauges((await client.get("/metrics")).text)) != {"tensorwasm_async_backlog": 2, "tensorwasm_async_running": 1}:
+            assert asyncio.get_running_loop().time() < deadline, seen  # one runs (max_concurrency 1), two wait
+            await asyncio.sleep(0.05)
+        for inv in reversed(ids):
+            assert (await client.post(f"/v1/invocations/{inv}/cancel", headers=key)).status_code == 200
+    drop()
