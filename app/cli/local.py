@@ -119,6 +119,17 @@ def bench_compile(n_locals: int, blocks: int, small: int) -> None:
     raise SystemExit(run(SimpleNamespace(locals=n_locals, blocks=blocks, small=small)))
 
 
+@bench.command("workers")
+@click.option("--backend", type=click.Choice(["cpu", "cuda", "auto"]), default="auto", show_default=True)
+@click.option("--serial", type=int, default=4, show_default=True, help="workers started one at a time")
+@click.option("--parallel", default="8,16", show_default=True, help="sizes of the batches started at once")
+def bench_workers(backend: str, serial: int, parallel: str) -> None:
+    """Worker starts: forked from the fork server against fresh interpreters (per second, PSS)."""
+    from app.bench.workers import bench_workers as run
+
+    raise SystemExit(run(SimpleNamespace(backend=backend, serial=serial, parallel=parallel)))
+
+
 @bench.command("gpu")
 def bench_gpu() -> None:
     """Guest GPU paths against raw CuPy (needs a GPU and a checkout's examples)."""
