@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -100,3 +101,15 @@ def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], *
     for fn, wasm in functions.items():
         client.put(f"/v1/functions/{fn}", content=wasm, headers={**headers, "Content-Type": "application/wasm"}).raise_for_status()
     return headers
+
+
+def guest_wasm(source: Path) -> bytes:
+    """A C guest for a benchmark: prebuilt (TENSORWASM_PREBUILT_GUESTS, for machines without zig)
+    or built here with zig from the `ziglang` package."""
+    prebuilt = os.environ.get("TENSORWASM_PREBUILT_GUESTS")
+    if prebuilt:
+        return (Path(prebuilt) / f"{source.stem}.wasm").read_bytes()
+    out = Path(tempfile.mkdtemp()) / f"{source.stem}.wasm"
+    cmd = [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{source.parent}", str(source), "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    return out.read_bytes()

@@ -16,9 +16,6 @@ import ctypes
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app.bench.node import ADMIN, server, setup_tenant
+from app.bench.node import ADMIN, guest_wasm, server, setup_tenant
 
 
 class _Driver:
@@ -45,13 +42,7 @@ class _Driver:
 
 
 def _vector_add_wasm() -> bytes:
-    prebuilt = os.environ.get("TENSORWASM_PREBUILT_GUESTS")
-    if prebuilt:
-        return (Path(prebuilt) / "vector_add.wasm").read_bytes()
-    src = Path(__file__).resolve().parents[2] / "examples" / "vector_add.c"
-    out = Path(tempfile.mkdtemp()) / "vector_add.wasm"
-    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{src.parent}", str(src), "-o", str(out)], check=True)
-    return out.read_bytes()
+    return guest_wasm(Path(__file__).resolve().parents[2] / "examples" / "vector_add.c")
 
 
 def _call(client: httpx.Client, headers: dict[str, str], body: bytes) -> float:

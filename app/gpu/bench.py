@@ -8,37 +8,32 @@ work done directly with CuPy in this process.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import struct
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 
-from app.bench.node import ADMIN, server, setup_tenant
+from app.bench.node import ADMIN, guest_wasm, server, setup_tenant
 from app.gpu import kernel_runner
-from app.gpu.kernel_runner import TIME_LAUNCHES, TIME_PATH, Buf, rec_buf, rec_f32, rec_i32, request
+from app.gpu.kernel_runner import (
+    TIME_LAUNCHES,
+    TIME_PATH,
+    Buf,
+    rec_buf,
+    rec_f32,
+    rec_i32,
+    request,
+)
 
 TINY = 'extern "C" __global__ void tiny(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }'
 SCALE = 'extern "C" __global__ void scale2(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }'
 
 
 def _runner_wasm() -> bytes:
-    prebuilt = os.environ.get("TENSORWASM_PREBUILT_GUESTS")
-    if prebuilt:
-        return (Path(prebuilt) / "kernel_runner.wasm").read_bytes()
-    out = Path(tempfile.mkdtemp()) / "kernel_runner.wasm"
-    src = kernel_runner.SOURCE
-    subprocess.run(
-        [sys.executable, "-m", "ziglang", "cc", "-target", "wasm32-wasi", "-O2", "-s", f"-I{src.parent}", str(src), "-o", str(out)],
-        check=True,
-    )
-    return out.read_bytes()
+    return guest_wasm(kernel_runner.SOURCE)
 
 
 def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes, reps: int) -> float:

@@ -9,20 +9,12 @@ from pathlib import Path
 
 from app.worker.client import WorkerHandle
 from app.worker.forkserver import ForkServer
-from tests.helpers import make_settings
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
+from tests.helpers import make_settings, process_alive
 
 
 async def _gone(pid: int, within_s: float = 5.0) -> bool:
     for _ in range(int(within_s / 0.05)):
-        if not _alive(pid):
+        if not process_alive(pid):
             return True
         await asyncio.sleep(0.05)
     return False
