@@ -3,50 +3,38 @@
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from sqlalchemy.engine import make_url
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from app import __version__
 from app.api.errors import install_error_handlers
 from app.api.routers import admin, async_invoke, functions, health, invocations, invoke, kernels, usage
 from app.db.session import create_engine_for, create_sessionmaker
+from app.node.client import SupervisorClient
+from app.node.local import LocalNode
+from app.node.port import NodePort
+from app.node.startup import announce_admin_token, log_serving
+from app.observability.metrics import Metrics
+from app.observability.middleware import ObservabilityMiddleware
+from app.observability.tracing import Tracing
 from app.platform import Platform
+from app.queue.runner import QueueRunner
+from app.queue.service import AsyncInvocations
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.compiler import ModuleCompiler
 from app.sandbox.client import Sandbox
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
 from app.services.cache_refresh import CacheRefresher
-from app.queue.runner import QueueRunner
-from app.queue.service import AsyncInvocations
-from app.services.invocations import Executor, FunctionCache, InvocationRecorder
-from app.observability.metrics import Metrics
-from app.observability.middleware import ObservabilityMiddleware
-from app.observability.tracing import Tracing
+from app.services.function_cache import FunctionCache
+from app.services.invocations import Executor
+from app.services.records import InvocationRecorder
 from app.settings import Settings, get_settings
-from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
-
-
-def describe_database(url: str) -> str:
-    """The database URL for the log, its password hidden."""
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def announce_admin_token(settings: Settings, token: str) -> None:
-    """Show a just-generated admin token once, to a person at a terminal; a log stream (JSON lines
-    collected somewhere) only learns where it was saved, never the token itself."""
-    path = (settings.data_dir / "admin_token").resolve()
-    interactive = sys.stderr.isatty() and settings.log_format != "json"
-    if interactive:
-        print(f"TensorWasm generated an admin token (also saved in {path}, mode 0600):\n  {token}", file=sys.stderr, flush=True)
-    else:
-        log.warning("generated an admin token and saved it in %s (mode 0600); read it from there", path)
 
 
 @asynccontextmanager
@@ -59,16 +47,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = create_engine_for(settings.resolved_database_url)
     sessionmaker = create_sessionmaker(engine)
     metrics: Metrics = app.state.metrics
+    node_socket: str | None = app.state.node_socket
+    scheduler: Scheduler | None = None
+    client: SupervisorClient | None = None
+    node: NodePort
+    if node_socket is None:  # the whole node in this process
+        scheduler = Scheduler(settings)
+        metrics.attach(scheduler)
+        node = LocalNode(scheduler)
+    else:  # a front: the scheduler runs in the supervisor
+        node = client = SupervisorClient(node_socket)
     sandbox = Sandbox(
         settings.compile_memory_bytes,
         settings.compile_timeout_s,
         settings.compile_concurrency,
         on_result=lambda kind, outcome, seconds: metrics.compile(kind.value, outcome.value, seconds),
+        limiter=client,  # a front: the supervisor decides who compiles, node-wide
+        warm=1 if client is not None else None,  # one ready compile process per front, not per slot
     )
     compiler = ModuleCompiler(ArtifactCache(settings.cache_dir), sandbox)
-    scheduler = Scheduler(settings)
-    metrics.attach(scheduler)
-    scheduler.on_bind = metrics.cold_start_seconds.observe
     recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size)
     platform = Platform(
         settings=settings,
@@ -79,40 +76,51 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         function_cache=FunctionCache(sessionmaker, compiler, settings.cache_ttl_s, settings.function_cache_size),
         recorder=recorder,
         scheduler=scheduler,
+        node=node,
         metrics=metrics,
         tracing=app.state.tracing,
     )
-    platform.executor = Executor(settings, platform.function_cache, scheduler, metrics, app.state.tracing)
+    platform.executor = Executor(settings, platform.function_cache, node, metrics, app.state.tracing)
     platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock)
-    platform.queue_runner = QueueRunner(
-        sessionmaker, settings, platform.executor.execute, platform.clock, platform.queue.write_lock
-    )
-    metrics.attach_queue(platform.queue_runner)
+    front: int | None = app.state.front
+    if front is None or front == 0:  # one queue runner per node: per-tenant limits hold node-wide
+        platform.queue_runner = QueueRunner(
+            sessionmaker, settings, platform.executor.execute, platform.clock, platform.queue.write_lock
+        )
+        metrics.attach_queue(platform.queue_runner)
     app.state.platform = platform
     refresher = CacheRefresher(sessionmaker, platform.auth_cache, platform.function_cache, settings.cache_ttl_s, settings.cache_keep_s)
+    if client is not None:
+        await client.connect(on_change=platform.apply_change, front=front or 0)
     recorder.start()
     refresher.start()
-    await scheduler.start(wait=True)
-    devices = sorted({str(w.device.get("name")) for w in scheduler.workers if w.device.get("name")})
-    log.info(
-        "serving: backend %s, device(s) %s, database %s",
-        scheduler.backend, ", ".join(devices) or "none", describe_database(settings.resolved_database_url),
-    )
-    await platform.queue_runner.start()
+    if scheduler is not None:  # the one-process node says what it serves (else the supervisor does)
+        await scheduler.start(wait=True)
+        log_serving(scheduler, settings)
+    if platform.queue_runner is not None:
+        await platform.queue_runner.start()
     sandbox.start()  # after the workers: the two compete for the cores at start
     try:
         yield
     finally:
-        await platform.queue_runner.stop()
+        if platform.queue_runner is not None:
+            await platform.queue_runner.stop()
         await refresher.stop()
         await sandbox.stop()
         await recorder.stop()
-        await scheduler.stop()
+        if scheduler is not None:
+            await scheduler.stop()
+        if client is not None:
+            await client.close()
         await engine.dispose()
         app.state.tracing.shutdown()
 
 
-def create_app(settings: Settings | None = None, span_exporter: SpanExporter | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, span_exporter: SpanExporter | None = None, node_socket: str | None = None, front: int | None = None
+) -> FastAPI:
+    """`node_socket`: run as front number `front` of a node of several, asking the supervisor
+    listening there for leases; None: the whole node (scheduler and workers) in this process."""
     app = FastAPI(
         title="TensorWasm",
         version=__version__,
@@ -121,7 +129,9 @@ def create_app(settings: Settings | None = None, span_exporter: SpanExporter | N
     )
     settings = settings or get_settings()
     app.state.settings = settings
-    app.state.metrics = Metrics()
+    app.state.node_socket = node_socket
+    app.state.front = front
+    app.state.metrics = Metrics(multiprocess=node_socket is not None)
     app.state.tracing = Tracing(settings, span_exporter)
     install_error_handlers(app)
     # the invoke route right after the health routes: routes are matched in order

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     )
     admin_token: str | None = None
     host: str = "127.0.0.1"
+    # HTTP front processes serving the port; above 1, the scheduler runs in a supervisor
+    # process of its own and calls go from a front straight to its leased worker.
+    processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=1, le=256)
     port: int = 8080
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
@@ -52,7 +55,7 @@ class Settings(BaseSettings):
     # Worker slots only a tenant with nothing running may take: a tenant with calls running holds
     # at most max_workers - reserved_workers, so another tenant's call starts at once in a flood.
     reserved_workers: int = Field(default=1, ge=0)
-    queue_limit: int = 32
+    queue_limit: int = 256  # waiting calls are cheap (a future each) and bounded by queue_wait_ms
     queue_wait_ms: int = 1000
     hard_timeout_grace_ms: int = 1000
     worker_start_timeout_s: float = 60.0
@@ -74,8 +77,18 @@ class Settings(BaseSettings):
     function_cache_size: int = Field(default=10_000, ge=1)
     # Bytes of device memory one CUDA context costs before any buffer (measured: ~529 MiB).
     context_overhead_bytes: int = 600 * 1024 * 1024
-    # Device memory the scheduler may hand out; 0 = the device total as reported at start.
+    # Device memory the scheduler may hand out, per device; 0 = each device's total as reported.
     device_memory_bytes: int = 0
+    # Contexts (workers) one device may hold; 0 = no configured limit, only the one learned when
+    # the driver refuses a context (measured: it refuses the 101st on an H200).
+    max_contexts_per_device: int = Field(default=0, ge=0)
+    # Workers starting at once on this node: the driver serialises context creation per host,
+    # so more in parallel only queue there (and delay the spare a waiting call needs).
+    max_parallel_starts: int = Field(default=4, ge=1)
+    # With every slot bound, the least recently used idle tenant's worker is retired ahead of need
+    # (so a new tenant finds a spare) only once it has been idle this long: a tenant calling now
+    # and then, one call at a time, is never idle by that measure, and keeps its warm context.
+    retire_idle_after_s: float = Field(default=5.0, ge=0)
     # Max buffers / modules one instance may hold (ABI QUOTA_EXCEEDED beyond).
     max_buffers_per_instance: int = 1024
     max_modules_per_instance: int = 64
@@ -113,7 +126,7 @@ class Settings(BaseSettings):
     record_batch_size: int = 500
 
     @model_validator(mode="after")
-    def _default_quota_within_bounds(self) -> "Settings":
+    def _default_quota_within_bounds(self) -> Settings:
         # a default outside the bounds would make every new tenant's quota unanswerable
         from app.services.principal import QUOTA_BOUNDS, QUOTA_MINIMUMS
 

@@ -21,10 +21,10 @@ import wasmtime
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from app.bench.compile import compile_bomb_wat
 from app.main import create_app
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.engine import make_engine
-from app.bench.compile import compile_bomb_wat
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +61,10 @@ def make_settings(database_url: str, data_dir: Path, **overrides: Any) -> Settin
         queue_wait_ms=300,
         cache_ttl_s=2.0,
     )
+    if overrides.get("backend", base["backend"]) == "cuda":
+        # the queue wait bounds a call's wait for a worker's start too: a CUDA context takes
+        # several times the CPU tests' 300 ms when others are starting
+        base["queue_wait_ms"] = 30_000
     base.update(overrides)
     return Settings(**base)
 
@@ -219,7 +223,7 @@ class Node:
         }
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 60) -> "Node":
+    def start(self, timeout_s: float = 60) -> Node:
         import time
 
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=self.env, cwd=ROOT)
@@ -258,6 +262,27 @@ def process_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (fronts, workers, the fork server), walking /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and process_alive(child):
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def compile_artifact(cache: ArtifactCache, wasm: bytes) -> str:
     """Compile a test's own (trusted) module in this process into `cache`; returns its sha256.
 
@@ -274,3 +299,27 @@ def compile_bomb(n_locals: int, n_blocks: int) -> bytes:
     `n_locals` i64 locals and `n_blocks` small `if` blocks that add locals (cranelift's memory
     grows with their product)."""
     return bytes(wasmtime.wat2wasm(compile_bomb_wat(n_locals, n_blocks)))
+
+
+def fake_gpus(count: int, budget_bytes: int = 0, ceiling: int = 0) -> Callable[[Settings], Any]:
+    """A device discovery that reports `count` GPUs (for the scheduler's `discover`): the
+    workers still run the CPU backend, each started with CUDA_VISIBLE_DEVICES of its device."""
+    from app.scheduler.devices import Device, Inventory
+
+    async def discover(settings: Settings) -> Inventory:
+        return Inventory(
+            [Device(i, str(i), budget_bytes, f"fake{i}", ceiling or settings.max_contexts_per_device) for i in range(count)],
+            settings.context_overhead_bytes,
+        )
+
+    return discover
+
+
+async def until(check: Callable[[], bool], what: str, bound_s: float = 60) -> None:
+    """Poll a condition; the bound only keeps a broken build from hanging the suite."""
+    import asyncio
+
+    deadline = time.monotonic() + bound_s
+    while not check():
+        assert time.monotonic() < deadline, f"never saw: {what}"
+        await asyncio.sleep(0.02)

@@ -19,7 +19,7 @@ from app.services.principal import TenantPrincipal
 
 async def get_platform(request: Request) -> Platform:
     # async on purpose: FastAPI runs a plain `def` dependency in a thread, a hop on every request
-    return request.app.state.platform  # type: ignore[no-any-return]
+    return request.app.state.platform
 
 
 PlatformDep = Annotated[Platform, Depends(get_platform)]
@@ -42,7 +42,7 @@ tenant_bearer = HTTPBearer(
     scheme_name="ApiKey", description="a tenant API key (`tw_...`) made by the admin API", auto_error=False
 )
 # The invoke route resolves its caller without dependencies; it declares the scheme with this.
-TENANT_SECURITY = [{"ApiKey": []}]
+TENANT_SECURITY: list[dict[str, list[str]]] = [{"ApiKey": []}]
 
 
 def _unauthorized(message: str) -> ApiError:

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from app.api.schemas import ErrorEnvelope
+from app.contract.errors import NoCapacity, Rejected, SupervisorGone
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,23 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return envelope(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(Rejected)
+    async def _rejected(_: Request, exc: Rejected) -> JSONResponse:
+        return envelope(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(NoCapacity)
+    async def _no_capacity(_: Request, exc: NoCapacity) -> JSONResponse:
+        return envelope(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"})
+
+    @app.exception_handler(SupervisorGone)
+    async def _supervisor_gone(_: Request, exc: SupervisorGone) -> JSONResponse:
+        return envelope(503, "unavailable", f"{exc}; retry later", {"Retry-After": "1"})
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
+        # the client closed the connection while sending its body: nobody reads this reply
+        return envelope(400, "client_disconnected", "the client closed the connection before sending the whole body")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -94,7 +94,7 @@ class FunctionOut(BaseModel):
     timeout_ms: int | None
     created_at: datetime
     updated_at: datetime
-    versions: list["FunctionVersionOut"] | None = None
+    versions: list[FunctionVersionOut] | None = None
 
 
 class FunctionVersionOut(BaseModel):
@@ -138,6 +138,7 @@ class WorkerOut(BaseModel):
     pid: int | None
     state: str
     backend: str
+    device: int = Field(description="the node's device the worker is pinned to (0 on a CPU node)")
     tenant_id: str | None
     tenant: str | None
     gpu_bytes_in_use: int
@@ -159,9 +160,24 @@ class UsageOut(BaseModel):
     gpu_bytes_in_use: int
 
 
+class DeviceOut(BaseModel):
+    index: int
+    name: str
+    status: str = Field(description="ok | at_ceiling (holds as many contexts as it may) | backing_off (a start failed)")
+    contexts: int = Field(description="worker contexts on it, starting ones included")
+    ceiling: int = Field(description="contexts it may hold, configured or learned from a refusal; 0 = none")
+    committed_bytes: int
+    budget_bytes: int = Field(description="device memory contexts may be promised; 0 = unlimited (CPU)")
+    start_failures: int = Field(description="consecutive failed starts")
+
+
 class Health(BaseModel):
     status: str
     detail: dict[str, Any] = {}
+
+
+class Ready(Health):
+    devices: list[DeviceOut] = Field(description="this node's devices (one on a CPU node)")
 
 
 class ErrorBody(BaseModel):

@@ -136,7 +136,7 @@ def bench_compile(args: argparse.Namespace) -> int:
         t = threading.Thread(target=send_bomb)
         t.start()
         time.sleep(1)
-        during = []
+        during: list[float] = []
         while t.is_alive() and len(during) < args.small:
             dt, r = _deploy(client, quiet, f"during{len(during)}", bytes(wasmtime.wat2wasm(small_module_wat(f"d{len(during)}"))))
             r.raise_for_status()

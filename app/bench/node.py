@@ -91,9 +91,9 @@ def bare_echo(processes: int) -> Iterator[str]:
         _stop(proc)
 
 
-def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], **quota: Any) -> dict[str, str]:
+def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], *, admin_token: str = ADMIN, **quota: Any) -> dict[str, str]:
     """Create a tenant and a key, deploy `functions` (name -> module); returns its auth header."""
-    admin = {"Authorization": f"Bearer {ADMIN}"}
+    admin = {"Authorization": f"Bearer {admin_token}"}
     r = client.post("/v1/admin/tenants", json={"name": name, "quota": quota}, headers=admin)
     r.raise_for_status()
     key = client.post(f"/v1/admin/tenants/{r.json()['id']}/api-keys", headers=admin).json()["key"]

@@ -66,7 +66,9 @@ def bench_parking(args: argparse.Namespace) -> int:
     drv: _Driver | None = None
     res: dict[str, list[float]] = {"fork_start_bind_call_s": [], "warm_call_s": [], "checkpoint_s": [], "restore_s": [], "first_call_after_restore_s": []}
     # no warm spares: a new tenant's first call pays a fork-server start, the bind and the call
-    with server("/healthz", TENSORWASM_BACKEND=os.environ.get("TENSORWASM_BACKEND", "cuda"), TENSORWASM_WARM_SPARES="0", TENSORWASM_MAX_WORKERS="16") as base, httpx.Client(base_url=base, timeout=120) as client:
+    backend = os.environ.get("TENSORWASM_BACKEND", "cuda")
+    node = server("/healthz", TENSORWASM_BACKEND=backend, TENSORWASM_WARM_SPARES="0", TENSORWASM_MAX_WORKERS="16")
+    with node as base, httpx.Client(base_url=base, timeout=120) as client:
         for i in range(args.rounds):
             name = f"park{i}"
             headers = setup_tenant(client, name, {"vadd": wasm}, **quota)

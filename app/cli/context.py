@@ -73,7 +73,7 @@ def emit_table(cfg: Config, rows: Sequence[Any], columns: Iterable[str]) -> None
     cells = [[_cell(getattr(r, c, None)) for c in cols] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
     for row in [[c.upper() for c in cols], *cells]:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _cell(value: Any) -> str:
@@ -86,7 +86,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def fail(exc: TensorWasmError) -> None:
+def fail(exc: TensorWasmError) -> int:
     """The server's message on stderr; the command exits 1."""
     click.echo(f"error: {exc}", err=True)
     for key in ("exit_code", "stderr_tail"):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import click
 
@@ -15,29 +16,20 @@ from app.settings import get_settings
 @click.option("--host", help="address to bind (default TENSORWASM_HOST)")
 @click.option("--port", type=int, help="port (default TENSORWASM_PORT)")
 def serve(host: str | None, port: int | None) -> None:
-    """Migrate the database and serve the API."""
-    import uvicorn
-
+    """Migrate the database and serve the API (TENSORWASM_PROCESSES fronts on one port)."""
     from app.db.migrate import upgrade
-    from app.main import create_app
+    from app.node.serve import serve as serve_node
     from app.observability.logging import configure_logging
 
     settings = get_settings()
     configure_logging(settings)
     settings.ensure_data_dir()
     upgrade(settings.resolved_database_url)
-    config = uvicorn.Config(
-        create_app(settings),
-        host=host or settings.host,
-        port=port or settings.port,
-        log_level=settings.log_level,
-        log_config=None,  # keep our handler: uvicorn's lines become structured too
-        access_log=False,  # the app's middleware writes access lines (TENSORWASM_ACCESS_LOG)
-    )
     try:
-        uvicorn.Server(config).run()
+        code = serve_node(settings, host or settings.host, port or settings.port)
     except KeyboardInterrupt:
-        pass  # uvicorn shut down cleanly on Ctrl-C, then raised the signal again for us
+        code = 0  # uvicorn shut down cleanly on Ctrl-C, then raised the signal again for us
+    raise SystemExit(code)
 
 
 @click.command()
@@ -89,7 +81,7 @@ def bench_invoke(seconds: float, processes: int, workers: int, quota_concurrency
     """Invoke latency, throughput and goodput under wrk, against a bare FastAPI echo app."""
     from app.bench.invoke import bench_invoke as run
 
-    args = SimpleNamespace(seconds=seconds, processes=processes, workers=workers, quota_concurrency=quota_concurrency, json=as_json)
+    args = Namespace(seconds=seconds, processes=processes, workers=workers, quota_concurrency=quota_concurrency, json=as_json)
     raise SystemExit(run(args))
 
 
@@ -104,7 +96,7 @@ def bench_fairness(workers: int, flood: int, call_ms: int, seconds: float, gap_m
     """A quiet tenant's latency while another tenant floods the node."""
     from app.bench.fairness import bench_fairness as run
 
-    args = SimpleNamespace(workers=workers, flood=flood, call_ms=call_ms, seconds=seconds, gap_ms=gap_ms, server_root=server_root)
+    args = Namespace(workers=workers, flood=flood, call_ms=call_ms, seconds=seconds, gap_ms=gap_ms, server_root=server_root)
     raise SystemExit(run(args))
 
 
@@ -116,18 +108,53 @@ def bench_compile(n_locals: int, blocks: int, small: int) -> None:
     """A compile bomb against a server with the default compile limits."""
     from app.bench.compile import bench_compile as run
 
-    raise SystemExit(run(SimpleNamespace(locals=n_locals, blocks=blocks, small=small)))
+    raise SystemExit(run(Namespace(locals=n_locals, blocks=blocks, small=small)))
 
 
 @bench.command("workers")
 @click.option("--backend", type=click.Choice(["cpu", "cuda", "auto"]), default="auto", show_default=True)
 @click.option("--serial", type=int, default=4, show_default=True, help="workers started one at a time")
 @click.option("--parallel", default="8,16", show_default=True, help="sizes of the batches started at once")
-def bench_workers(backend: str, serial: int, parallel: str) -> None:
+@click.option("--devices", default="", help="CUDA_VISIBLE_DEVICES entries to spread each batch over, e.g. 0,1 (default: not pinned)")
+@click.option("--fork-only", is_flag=True, help="skip the fresh-interpreter baseline")
+def bench_workers(backend: str, serial: int, parallel: str, devices: str, fork_only: bool) -> None:
     """Worker starts: forked from the fork server against fresh interpreters (per second, PSS)."""
     from app.bench.workers import bench_workers as run
 
-    raise SystemExit(run(SimpleNamespace(backend=backend, serial=serial, parallel=parallel)))
+    raise SystemExit(run(Namespace(backend=backend, serial=serial, parallel=parallel, devices=devices, fork_only=fork_only)))
+
+
+@bench.command("density")
+@click.option("--backend", type=click.Choice(["cpu", "cuda", "auto"]), default="auto", show_default=True)
+@click.option("--bound-tenants", type=int, default=64, show_default=True, help="tenants of the bound and burst phases (a worker each)")
+@click.option("--tenants", type=int, default=96, show_default=True, help="tenants of the churn phase")
+@click.option("--workers", type=int, default=72, show_default=True, help="TENSORWASM_MAX_WORKERS of the churn node")
+@click.option("--clients", type=int, default=16, show_default=True, help="callers of the churn phase")
+@click.option("--seconds", type=float, default=30, show_default=True, help="length of the churn phase")
+@click.option("--ceiling", type=int, default=8, show_default=True, help="TENSORWASM_MAX_CONTEXTS_PER_DEVICE of the ceiling node")
+@click.option("--ceiling-tenants", type=int, default=24, show_default=True, help="tenants called at once past the ceiling")
+@click.option("--ceiling-rounds", type=int, default=3, show_default=True, help="rounds of those calls")
+@click.option("--spares", type=int, default=2, show_default=True, help="TENSORWASM_WARM_SPARES of each node")
+@click.option("--queue-wait-ms", type=int, default=1000, show_default=True, help="TENSORWASM_QUEUE_WAIT_MS of each node")
+@click.option("--timeout-ms", type=int, default=5000, show_default=True, help="every bench tenant's timeout quota")
+@click.option("--start-parallel", type=int, default=0, help="workers started at once for the start rate (default: min(clients, workers))")
+@click.option("--phases", default="bound,burst,churn,ceiling,memory,devices", show_default=True, help="the phases to run, comma-separated")
+@click.option("--url", help="a running node on this host instead of one started per phase (its settings as they are)")
+@click.option("--admin-token", default=None, help="that node's admin token (TENSORWASM_ADMIN_TOKEN)", envvar="TENSORWASM_ADMIN_TOKEN")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="also write the results here")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the churn's tenant choice")
+def bench_density(json_path: Path | None, phases: str, admin_token: str | None, **opts: Any) -> None:
+    """Tenants per node: cold binds, bursts, churn against worker starts, the context ceiling, memory."""
+    from app.bench.density import DensityConfig, Phase
+    from app.bench.density import bench_density as run
+    from app.bench.node import ADMIN
+
+    try:
+        chosen = frozenset(Phase(p.strip()) for p in phases.split(",") if p.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--phases") from None
+    token = admin_token if opts["url"] and admin_token else ADMIN
+    raise SystemExit(run(DensityConfig(phases=chosen, admin_token=token, **opts), json_path))
 
 
 @bench.command("gpu")
@@ -135,7 +162,7 @@ def bench_gpu() -> None:
     """Guest GPU paths against raw CuPy (needs a GPU and a checkout's examples)."""
     from app.gpu.bench import bench_gpu as run
 
-    raise SystemExit(run(SimpleNamespace()))
+    raise SystemExit(run(Namespace()))
 
 
 @bench.command("parking")
@@ -144,7 +171,7 @@ def bench_parking(rounds: int) -> None:
     """Parked CUDA contexts (driver checkpoint) against new forked workers (needs a GPU)."""
     from app.bench.parking import bench_parking as run
 
-    raise SystemExit(run(SimpleNamespace(rounds=rounds)))
+    raise SystemExit(run(Namespace(rounds=rounds)))
 
 
 @bench.command("async", context_settings={"ignore_unknown_options": True, "help_option_names": []})

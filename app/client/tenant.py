@@ -24,6 +24,11 @@ Progress = Callable[[int, int], None]
 Query = Mapping[str, str] | Sequence[tuple[str, str]] | None
 
 
+def _pairs(query: Query) -> tuple[tuple[str, str], ...]:
+    """A query as the pairs httpx's typing accepts from any of the forms `Query` allows."""
+    return tuple(query.items()) if isinstance(query, Mapping) else tuple(query or ())
+
+
 @dataclass(frozen=True)
 class StreamEvent:
     event: str  # "output" (data: stdout text) or "end" (outcome: invocation_id, status, exit_code, error)
@@ -75,7 +80,7 @@ class TensorWasmClient(BaseClient):
         request = self._http.build_request(
             "PUT",
             f"/v1/functions/{segment(name)}",
-            params=params,
+            params=tuple(params),  # httpx's typing takes a list of pairs only of its own union of value types
             content=_upload(module, progress),
             headers={"Content-Type": "application/wasm", "Content-Length": str(len(module))},
         )
@@ -101,7 +106,7 @@ class TensorWasmClient(BaseClient):
     def invoke_stream(self, name: str, data: bytes = b"", *, query: Query = None) -> Iterator[Iterator[bytes]]:
         """Run the function and yield its stdout in pieces as the guest writes them (raw
         stream); the outcome lands in the invocation record."""
-        params = [*(query.items() if isinstance(query, Mapping) else query or ()), ("stream", "raw")]
+        params = (*_pairs(query), ("stream", "raw"))
         request = self._http.build_request("POST", f"/v1/functions/{segment(name)}/invoke", content=data, params=params)
         response = self._send(request, stream=True)
         try:
@@ -113,7 +118,7 @@ class TensorWasmClient(BaseClient):
         """Run the function as a server-sent event stream: its stdout as UTF-8 text while the
         guest writes it, then one ``end`` event with the invocation's outcome."""
         request = self._http.build_request(
-            "POST", f"/v1/functions/{segment(name)}/invoke", content=data, params=query, headers={"Accept": "text/event-stream"}
+            "POST", f"/v1/functions/{segment(name)}/invoke", content=data, params=_pairs(query), headers={"Accept": "text/event-stream"}
         )
         response = self._send(request, stream=True)
         try:

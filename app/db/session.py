@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 
 def async_url(url: str) -> str:
@@ -25,7 +27,7 @@ def sync_url(url: str) -> str:
     return url
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:  # the driver's own connection: untyped in the event API
     cursor = dbapi_connection.cursor()
     # WAL lets readers run beside the batched invocation writer; FKs make cascades real.
     cursor.execute("PRAGMA journal_mode=WAL")

@@ -33,6 +33,7 @@ class DeviceInfo:
     compute_capability: str
     total_memory_bytes: int
     limits: DeviceLimits
+    pci_bus_id: str = ""  # the physical device, whatever CUDA_VISIBLE_DEVICES numbered it
 
 
 class Backend(Protocol):

@@ -12,6 +12,7 @@ import statistics
 import struct
 import subprocess
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -47,7 +48,7 @@ def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes,
 
 
 def _tenant(client: httpx.Client, name: str, wasm: bytes) -> dict[str, str]:
-    quota = {"gpu_memory_bytes": 1 << 30, "requests_per_second": 1e5, "wasm_memory_bytes": 1 << 30, "timeout_ms": 60_000}
+    quota: dict[str, Any] = {"gpu_memory_bytes": 1 << 30, "requests_per_second": 1e5, "wasm_memory_bytes": 1 << 30, "timeout_ms": 60_000}
     return setup_tenant(client, name, {"runner": wasm}, **quota)
 
 
@@ -56,7 +57,7 @@ def _gpu_mem_used_mib() -> float:
     return float(out.stdout.split()[0])
 
 
-class _Results(dict):  # type: ignore[type-arg]
+class _Results(dict[str, float]):
     def __setitem__(self, key: str, value: float) -> None:
         print(f"{key:24} {value:10.3f}", flush=True)
         super().__setitem__(key, value)
@@ -75,23 +76,23 @@ def bench_gpu(args: argparse.Namespace) -> int:
     cp.cuda.Device().synchronize()
     per = []
     for _ in range(7):
-        t0 = time.perf_counter_ns()
+        t0_ns = time.perf_counter_ns()
         for _ in range(1000):
             tiny((1,), (256,), (x, np.int32(256)))
         cp.cuda.Device().synchronize()
-        per.append((time.perf_counter_ns() - t0) / 1000)
+        per.append((time.perf_counter_ns() - t0_ns) / 1000)
     res["raw_launch_us"] = statistics.median(per) / 1e3
 
     n = (4 << 20) // 4
     host = np.random.default_rng().standard_normal(n).astype(np.float32)
     paths = []
     for _ in range(15):
-        t0 = time.perf_counter_ns()
+        t0_ns = time.perf_counter_ns()
         d = cp.empty(n, dtype=cp.float32)
         d.set(host)
         scale((n // 256,), (256,), (d, np.int32(n)))
         out = d.get()
-        paths.append(time.perf_counter_ns() - t0)
+        paths.append(time.perf_counter_ns() - t0_ns)
     assert np.allclose(out, host * 2)
     res["raw_4mib_path_us"] = statistics.median(paths[3:]) / 1e3
 
@@ -103,11 +104,11 @@ def bench_gpu(args: argparse.Namespace) -> int:
     cp.cuda.Device().synchronize()
     gem = []
     for _ in range(5):
-        t0 = time.perf_counter_ns()
+        t0_ns = time.perf_counter_ns()
         for _ in range(10):
             cp.matmul(A, B, out=C)
         cp.cuda.Device().synchronize()
-        gem.append((time.perf_counter_ns() - t0) / 10)
+        gem.append((time.perf_counter_ns() - t0_ns) / 10)
     res["raw_gemm4096_ms"] = statistics.median(gem) / 1e6
     del A, B, C, d
     cp.get_default_memory_pool().free_all_blocks()
@@ -137,7 +138,9 @@ def bench_gpu(args: argparse.Namespace) -> int:
             _median_guest_ns(client, h, launch, 2)
             res["guest_launch_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
 
-            path = request("scale2", [Buf(4 << 20, host.tobytes())], [rec_buf(0), rec_i32(n)], [0], grid=(n // 256, 1, 1), module=SCALE, kind=1, flags=TIME_PATH)
+            path = request(
+                "scale2", [Buf(4 << 20, host.tobytes())], [rec_buf(0), rec_i32(n)], [0], grid=(n // 256, 1, 1), module=SCALE, kind=1, flags=TIME_PATH
+            )
             _median_guest_ns(client, h, path, 3)
             res["guest_4mib_path_us"] = _median_guest_ns(client, h, path, 11) / 1e3
 

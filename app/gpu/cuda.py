@@ -7,28 +7,49 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
 from app.gpu.prefault import prefault
+from app.gpu.probe import pci_bus_id
 from app.gpu.signatures import FORMAT_PTX, Code
 from app.kernels.std_numpy import STD
 
 log = logging.getLogger(__name__)
 
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred (managed memory included)
-_CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
-_NP_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+_CTYPES: dict[str, type[ctypes._SimpleCData[Any]]] = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+_NP_CTYPES: dict[np.dtype[Any], type[ctypes._SimpleCData[Any]]] = {
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.float32): ctypes.c_float,
+    np.dtype(np.float64): ctypes.c_double,
+}
 Segments = Callable[[int, int], list[tuple[int, int, bool]]]
 
 
 def _whole(addr: int, length: int) -> list[tuple[int, int, bool]]:
     return [(addr, length, False)]
+
+
+# Runtime errors of a context creation the driver refuses for want of room: its per-device
+# context limit or the memory a context needs (cudaErrorMemoryAllocation), or a device held
+# exclusively by another process (cudaErrorDevicesUnavailable).
+_REFUSALS = {2: "cudaErrorMemoryAllocation", 46: "cudaErrorDevicesUnavailable"}
+
+
+class ContextRefused(RuntimeError):
+    """The driver refused to create this worker's context (see _REFUSALS)."""
+
+
+def is_refusal(exc: BaseException) -> bool:
+    status = getattr(exc, "status", None)
+    return status in _REFUSALS or any(name in str(exc) for name in (*_REFUSALS.values(), "CUDA_ERROR_OUT_OF_MEMORY"))
 
 
 def cuda_available() -> bool:
@@ -54,8 +75,15 @@ class CudaBackend:
 
         self.cp = cupy
         self.rt = cupy.cuda.runtime
+        # The worker sees one device, the one its CUDA_VISIBLE_DEVICES names: it is device 0 here.
         self.device_id = 0
         cupy.cuda.Device(self.device_id).use()
+        try:
+            self.rt.free(0)  # creates the context now, so a refusal is told apart from later failures
+        except Exception as exc:
+            if is_refusal(exc):
+                raise ContextRefused(_short(exc)) from None
+            raise
         props = self.rt.getDeviceProperties(self.device_id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.info = DeviceInfo(
@@ -69,6 +97,7 @@ class CudaBackend:
                 max_grid=tuple(int(v) for v in props["maxGridSize"]),  # type: ignore[arg-type]
                 max_shared_bytes=int(props["sharedMemPerBlock"]),
             ),
+            pci_bus_id=pci_bus_id(props),
         )
         # managed (default): buffers may exceed what is resident, the driver pages them;
         # device: plain cudaMalloc, faster host<->device copies (see the GPU benchmark).
@@ -205,7 +234,7 @@ class CudaBackend:
         if name == "gemm_f32":
             return lambda: self._gemm(args)
         params = STD[name].params
-        values = [ctypes.c_uint64(a[0].ptr + a[1]) if p == "buf" else _CTYPES[p](a) for p, a in zip(params, args)]
+        values = [ctypes.c_uint64(a[0].ptr + a[1]) if p == "buf" else _CTYPES[p](a) for p, a in zip(params, args, strict=True)]
         return self._prepared(self._std_fns[name], grid, block, 0, values)
 
     def _gemm(self, args: list[Any]) -> None:

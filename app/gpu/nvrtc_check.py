@@ -7,13 +7,14 @@ pure compiler library, and a tenant's source can make it take any amount of time
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 # nvrtcResult NVRTC_ERROR_OUT_OF_MEMORY: reported, not raised, when an allocation fails
 NVRTC_ERROR_OUT_OF_MEMORY = 1
 
 
 @functools.lru_cache(maxsize=1)
-def _nvrtc():  # type: ignore[no-untyped-def]
+def _nvrtc() -> Any:  # cupy_backends' nvrtc module (untyped), or None
     try:
         from cupy_backends.cuda.libs import nvrtc
 

@@ -1,5 +1,9 @@
 """Prometheus metrics (`tensorwasm_*`), one registry per app.
 
+In a node of several fronts, each front counts HTTP requests and invocations into the node's
+prometheus-client multiprocess directory and the supervisor serves its own families over IPC;
+a front's /metrics appends them, so one scrape sees the whole node.
+
 Workers are separate processes, so nothing is counted inside them: each invocation's result
 carries the worker's counts (launches, compile cache), which the api process adds up here, and
 live gauges (GPU bytes in use) are read at scrape time from each worker's shared stats page.
@@ -10,38 +14,58 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from app.contract.messages import HostCounts
 from app.sandbox.client import JobKind
 from app.sandbox.errors import CompileOutcome
 
 if TYPE_CHECKING:
-    from app.scheduler.scheduler import Scheduler
     from app.queue.runner import QueueRunner
+    from app.scheduler.scheduler import Scheduler
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
-RESTART_REASONS = ("crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed")
+RESTART_REASONS = (
+    "crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed", "start_refused",
+)
 WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
 COMPILE_KINDS = tuple(k.value for k in JobKind)
 COMPILE_OUTCOMES = tuple(o.value for o in CompileOutcome)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
+        """`multiprocess`: a front of a node of several; its counts go to the node's
+        PROMETHEUS_MULTIPROC_DIR (set before prometheus_client was imported) and `render` reads
+        every front's."""
+        self.multiprocess = multiprocess
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.invocations = Counter("tensorwasm_invocations", "Invocations by tenant, function and outcome", ["tenant", "function", "outcome"], registry=r)
-        self.invocation_seconds = Histogram("tensorwasm_invocation_duration_seconds", "Invocation latency (api view, queueing included)", ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
-        self.cold_start_seconds = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=r)
+        self.invocation_seconds = Histogram(
+            "tensorwasm_invocation_duration_seconds", "Invocation latency (api view, queueing included)", ["tenant"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.kernel_launches = Counter("tensorwasm_kernel_launches", "Kernel launches by guests", ["tenant"], registry=r)
         self.compile_cache = Counter("tensorwasm_kernel_compile_cache", "Kernel module loads by compile-cache result", ["result"], registry=r)
         self.http_requests = Counter("tensorwasm_http_requests", "HTTP requests by route template", ["method", "route", "status"], registry=r)
-        self.http_seconds = Histogram("tensorwasm_http_request_duration_seconds", "HTTP latency by route template", ["method", "route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.compiles = Counter("tensorwasm_compiles", "Compiles of tenant code in the sandbox, by kind (wasm, cuda) and outcome", ["kind", "outcome"], registry=r)
-        self.compile_seconds = Histogram("tensorwasm_compile_duration_seconds", "Sandboxed compile time, waiting for a slot excluded", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
+        self.http_seconds = Histogram(
+            "tensorwasm_http_request_duration_seconds", "HTTP latency by route template", ["method", "route"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.compiles = Counter(
+            "tensorwasm_compiles", "Compiles of tenant code in the sandbox, by kind (wasm, cuda) and outcome", ["kind", "outcome"], registry=r
+        )
+        self.compile_seconds = Histogram(
+            "tensorwasm_compile_duration_seconds", "Sandboxed compile time, waiting for a slot excluded", ["kind"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        # gauges of a node of several fronts: the backlog is the same everywhere, running adds up
+        self.async_backlog = Gauge(
+            "tensorwasm_async_backlog", "Async invocations queued in the database, not yet started (all nodes)", registry=r, multiprocess_mode="max"
+        )
+        self.async_running = Gauge("tensorwasm_async_running", "Async invocations this node is running", registry=r, multiprocess_mode="livesum")
         for result in ("hit", "miss"):
             self.compile_cache.labels(result)  # present (at 0) before the first GPU module
         for kind in COMPILE_KINDS:
@@ -62,28 +86,52 @@ class Metrics:
         self.child(self.compiles, kind, outcome).inc()
         self.child(self.compile_seconds, kind).observe(seconds)
 
-    def attach(self, scheduler: "Scheduler") -> None:
-        self.registry.register(_LiveCollector(scheduler))
+    def render(self) -> bytes:
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)
 
-    def attach_queue(self, runner: "QueueRunner") -> None:
-        self.registry.register(_QueueCollector(runner))
+    def attach(self, scheduler: Scheduler) -> None:
+        """The scheduler runs in this process: its families go in this registry."""
+        attach_scheduler(self.registry, scheduler)
 
-    def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: dict[str, int] | None) -> None:
+    def attach_queue(self, runner: QueueRunner) -> None:
+        """The async queue's gauges, set by the runner as they change. The backlog is counted in
+        the database with each lease check (every third of `TENSORWASM_QUEUE_LEASE_S`), so it is
+        every node's, a few seconds old."""
+
+        def on_counts(backlog: int, running: int) -> None:
+            self.async_backlog.set(backlog)
+            self.async_running.set(running)
+
+        runner.on_counts = on_counts
+
+    def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: HostCounts | None) -> None:
         self.child(self.invocations, tenant, function, outcome).inc()
         self.child(self.invocation_seconds, tenant).observe(seconds)
         if host:
-            if host.get("launches"):
-                self.child(self.kernel_launches, tenant).inc(host["launches"])
-            if host.get("compile_hits"):
-                self.compile_cache.labels("hit").inc(host["compile_hits"])
-            if host.get("compile_misses"):
-                self.compile_cache.labels("miss").inc(host["compile_misses"])
+            if host.launches:
+                self.child(self.kernel_launches, tenant).inc(host.launches)
+            if host.compile_hits:
+                self.compile_cache.labels("hit").inc(host.compile_hits)
+            if host.compile_misses:
+                self.compile_cache.labels("miss").inc(host.compile_misses)
+
+
+def attach_scheduler(registry: CollectorRegistry, scheduler: Scheduler) -> None:
+    """The scheduler's own families (cold starts, workers, queues, GPU bytes, restarts,
+    rejections): in the app's registry in a one-process node, in the supervisor's otherwise."""
+    cold = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=registry)
+    scheduler.on_bind = cold.observe
+    registry.register(_LiveCollector(scheduler))
 
 
 class _LiveCollector(Collector):
     """Gauges and scheduler-owned counters, computed at scrape time."""
 
-    def __init__(self, scheduler: "Scheduler") -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
@@ -109,12 +157,26 @@ class _LiveCollector(Collector):
         yield used
         yield cap
 
-        committed = GaugeMetricFamily("tensorwasm_gpu_memory_committed_bytes", "Device memory promised to contexts: caps plus per-context overhead")
-        committed.add_metric([], s.committed_bytes())
-        yield committed
-        budget = GaugeMetricFamily("tensorwasm_gpu_memory_budget_bytes", "Device memory the scheduler may hand out (0: no GPU)")
-        budget.add_metric([], s.device_budget if s.backend == "cuda" else 0)
-        yield budget
+        # per device (label `device`: the node's index of it); a CPU node is one device, budget 0
+        committed = GaugeMetricFamily(
+            "tensorwasm_gpu_memory_committed_bytes", "Device memory promised to contexts: caps plus per-context overhead", labels=["device"]
+        )
+        budget = GaugeMetricFamily("tensorwasm_gpu_memory_budget_bytes", "Device memory the scheduler may hand out (0: no GPU)", labels=["device"])
+        contexts = GaugeMetricFamily("tensorwasm_device_contexts", "Worker contexts on the device, starting ones included", labels=["device"])
+        ceiling = GaugeMetricFamily(
+            "tensorwasm_device_context_ceiling", "Contexts the device may hold, configured or learned from a refusal (0: none)", labels=["device"]
+        )
+        failures = GaugeMetricFamily("tensorwasm_device_start_failures", "Consecutive failed worker starts on the device", labels=["device"])
+        backing_off = GaugeMetricFamily("tensorwasm_device_backing_off", "1 while the device waits after failed starts", labels=["device"])
+        for d in s.device_views():
+            label = [str(d["index"])]
+            committed.add_metric(label, d["committed_bytes"])
+            budget.add_metric(label, d["budget_bytes"])
+            contexts.add_metric(label, d["contexts"])
+            ceiling.add_metric(label, d["ceiling"])
+            failures.add_metric(label, d["start_failures"])
+            backing_off.add_metric(label, 1 if d["status"] == "backing_off" else 0)
+        yield from (committed, budget, contexts, ceiling, failures, backing_off)
 
         queue = GaugeMetricFamily("tensorwasm_queue_depth", "Invocations waiting for a concurrency slot", labels=["tenant"])
         running = GaugeMetricFamily("tensorwasm_running_invocations", "Invocations running now", labels=["tenant"])
@@ -132,19 +194,3 @@ class _LiveCollector(Collector):
         for (tenant, reason), n in sorted(s.rejections.items()):
             rejected.add_metric([tenant, reason], n)
         yield rejected
-
-
-class _QueueCollector(Collector):
-    """The async queue's gauges: the backlog is counted in the database with each lease check
-    (every third of `TENSORWASM_QUEUE_LEASE_S`), so it is every node's, a few seconds old."""
-
-    def __init__(self, runner: "QueueRunner") -> None:
-        self.runner = runner
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        backlog = GaugeMetricFamily("tensorwasm_async_backlog", "Async invocations queued in the database, not yet started (all nodes)")
-        backlog.add_metric([], self.runner.backlog)
-        yield backlog
-        running = GaugeMetricFamily("tensorwasm_async_running", "Async invocations this node is running")
-        running.add_metric([], len(self.runner.running))
-        yield running

@@ -57,6 +57,13 @@ class Tracing:
             return nullcontext()
         return self.tracer.start_as_current_span(name, attributes=attributes)
 
+    def span_in(self, traceparent: str | None, name: str, attributes: dict[str, Any]) -> AbstractContextManager[Any]:
+        """A span whose parent came from another process (the supervisor's lease span)."""
+        if not self.enabled or not traceparent:
+            return nullcontext()
+        parent = _propagator.extract({"traceparent": traceparent})
+        return self.tracer.start_as_current_span(name, context=parent, attributes=attributes)
+
     def traceparent(self) -> str | None:
         """The current span as a W3C traceparent, for the worker (None when not tracing)."""
         if not self.enabled:

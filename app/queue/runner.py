@@ -24,11 +24,11 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.api.errors import ApiError
+from app.contract.errors import NoCapacity, Rejected
 from app.db.models import Invocation
 from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.tenants import TenantRepository
 from app.queue.states import InvocationStatus
-from app.scheduler.scheduler import NoCapacity, Rejected
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
 
@@ -69,6 +69,7 @@ class QueueRunner:
         self._stopping = False
         self.started_count = 0
         self.backlog = 0  # queued async invocations in the database (every node's), as last counted
+        self.on_counts: Callable[[int, int], object] | None = None  # (backlog, running) as they change
         self.start_delays: list[float] = []  # submit-to-start seconds, for the benchmark
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -180,12 +181,19 @@ class QueueRunner:
         self.running[inv.id] = task
         self._tenant_of[inv.id] = inv.tenant_id
 
+        self._publish()
+
         def done(_: asyncio.Task[None], key: str = inv.id) -> None:
             self.running.pop(key, None)
             self._tenant_of.pop(key, None)
+            self._publish()
             self._wake.set()  # a slot is free
 
         task.add_done_callback(done)
+
+    def _publish(self) -> None:
+        if self.on_counts is not None:
+            self.on_counts(self.backlog, len(self.running))
 
     # -- one invocation -------------------------------------------------------------------------
     async def _run(self, inv: Invocation) -> None:
@@ -250,6 +258,7 @@ class QueueRunner:
                     expired = await repo.interrupt(now) if check else 0
                     if check:
                         self.backlog = await repo.queued_total()
+                        self._publish()
                     await session.commit()
                 if check:
                     last_check = time.monotonic()

@@ -7,7 +7,7 @@ import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -131,5 +131,5 @@ class AsyncInvocations:
 
 def _aware(t: datetime) -> datetime:
     """SQLite hands back naive datetimes; every stored time is UTC."""
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 

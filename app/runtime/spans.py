@@ -50,7 +50,8 @@ class SpanRecorder:
 
     def finish(self, status: str) -> list[dict[str, Any]]:
         end = time.time_ns()
-        spans = [{"name": "worker.run", "id": self.run_id, "parent": None, "start": self.start, "end": end, "attributes": {**self.attributes, "tensorwasm.status": status}}]
+        attributes = {**self.attributes, "tensorwasm.status": status}
+        spans = [{"name": "worker.run", "id": self.run_id, "parent": None, "start": self.start, "end": end, "attributes": attributes}]
         for fam, (first, last, calls, errors, busy) in self.families.items():
             spans.append(
                 {

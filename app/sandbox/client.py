@@ -19,9 +19,10 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol
 
 from app.sandbox.errors import CompileOutcome, Limit, LimitExceeded, SandboxCrashed, SandboxUnavailable, looks_like_oom
 from app.sandbox.limiter import FairLimiter
@@ -41,7 +42,7 @@ RENICE_AFTER_S = 0.25
 NICENESS = 10
 
 
-class JobKind(str, Enum):
+class JobKind(StrEnum):
     WASM = "wasm"
     CUDA = "cuda"
 
@@ -82,6 +83,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
+class SlotLimiter(Protocol):
+    """Who may compile now: this process's FairLimiter, or the supervisor's for a node of
+    several fronts (so the limits hold node-wide)."""
+
+    def slot(self, key: str) -> AbstractAsyncContextManager[None]: ...
+
+
 class Sandbox:
     """Runs compile jobs in child processes under the node's limits, fairly across tenants.
 
@@ -96,10 +104,11 @@ class Sandbox:
         concurrency: int,
         warm: int | None = None,
         on_result: Callable[[JobKind, CompileOutcome, float], None] | None = None,
+        limiter: SlotLimiter | None = None,
     ) -> None:
         self.memory_bytes = memory_bytes
         self.timeout_s = timeout_s
-        self.limiter = FairLimiter(concurrency)
+        self.limiter: SlotLimiter = limiter or FairLimiter(concurrency)
         self.warm = concurrency if warm is None else warm
         self.on_result = on_result
         # ready processes, or the error of a start that failed (the taker then tries its own)
@@ -154,7 +163,7 @@ class Sandbox:
             assert proc.stdout is not None and proc.stderr is not None
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise SandboxUnavailable(f"a compile process was not ready within {START_TIMEOUT_S:g} s") from None
             if line != b"ready\n":
                 child.kill()
@@ -243,7 +252,7 @@ class Sandbox:
         try:
             try:
                 line = await asyncio.wait_for(self._exchange(proc, header, payload), self.timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 child.kill()
                 raise LimitExceeded(Limit.TIME, self.timeout_s) from None
             seconds = time.monotonic() - t0

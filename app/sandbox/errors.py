@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 # How a failed allocation reads: the Rust compiler's abort message, an error it returned, or
 # a C++ compiler's uncaught std::bad_alloc.
@@ -14,7 +14,7 @@ def looks_like_oom(message: str) -> bool:
     return any(m in low for m in _OOM_MARKERS)
 
 
-class CompileOutcome(str, Enum):
+class CompileOutcome(StrEnum):
     """The label `outcome` of `tensorwasm_compiles_total`."""
 
     OK = "ok"
@@ -25,7 +25,7 @@ class CompileOutcome(str, Enum):
     UNAVAILABLE = "unavailable"  # no child could be started
 
 
-class Limit(str, Enum):
+class Limit(StrEnum):
     MEMORY = "memory"
     TIME = "time"
 

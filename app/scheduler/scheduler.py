@@ -2,10 +2,24 @@
 
 Rules (DESIGN.md section 1): a tenant's first call binds a warm spare; the binding stays while
 the tenant is active; a tenant gets more workers as its concurrency needs, up to its
-`max_concurrency` and its fair share of the node; when no worker is free the least recently used idle worker of another tenant
-is evicted (killed and replaced, never handed over); a GPU binding is admitted only while the
-bound caps plus per-context overhead fit the device. A worker that dies, overruns the hard
+`max_concurrency` and its fair share of the node; when no worker is free the least recently
+used idle worker of another tenant is evicted (killed and replaced, never handed over); a GPU
+binding is admitted only while the bound caps plus per-context overhead fit its device. A worker that dies, overruns the hard
 deadline or reports a device error is killed and replaced; only its own call fails.
+
+Devices (app/scheduler/devices.py decides, this module acts): every GPU of the node is used, each
+worker pinned to one through its own CUDA_VISIBLE_DEVICES. `warm_spares` spares are kept per
+device, so the device a new tenant is placed on (the most free budget below its ceiling) has a
+spare ready, and a node with more GPUs keeps more ready; at most `max_parallel_starts` workers
+start at once (the driver serialises context creation anyway); a failed start backs its device
+off exponentially, and a context the driver refuses sets that device's ceiling: no start loop.
+When every worker slot is bound, the least recently used workers of tenants idle past
+`retire_idle_after_s` are retired in the background, several at once, so spares are ready before
+the next new tenants arrive. The queue wait bounds a call's whole wait (a slot, then a worker):
+past it, NoCapacity.
+
+A call holds a `Lease` from `lease` to `release`; the caller (a front, or the one-process api)
+exchanges the call's bytes with the worker itself.
 
 Which call gets the node's next worker slot (per-tenant concurrency, the fair share of workers,
 FIFO within a tenant) is decided by app/scheduler/fairness.py; this module runs the processes.
@@ -14,50 +28,62 @@ FIFO within a tenant) is decided by app/scheduler/fairness.py; this module runs 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from app.contract.errors import HardTimeout, NoCapacity, Rejected, RejectReason, WorkerCrashed
+from app.contract.messages import DeviceView, Outcome, Readiness, Usage, WorkerInfo
+from app.gpu.probe import probe
+from app.scheduler.devices import Device, Inventory
 from app.scheduler.fairness import Blocked, FairShare, Ticket
+from app.scheduler.leases import KernelSet, Lease, outcome_of
 from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
-from app.worker.client import WorkerHandle, WorkerLost, WorkerState
+from app.worker.client import StartRefused, WorkerHandle, WorkerLost, WorkerState
 from app.worker.forkserver import ForkServer
 from app.worker.stats import stats_dir, sweep_stale_pages
 
 log = logging.getLogger(__name__)
 
+__all__ = ["HardTimeout", "KernelSet", "Lease", "NoCapacity", "Rejected", "Scheduler", "WorkerCrashed", "outcome_of"]
 
-class Rejected(Exception):
-    """The call was not run; the caller may retry after `retry_after` seconds."""
-
-    def __init__(self, reason: str, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.reason = reason  # concurrency | fair_share | queue_full | rate
-        self.message = message
-        self.retry_after = retry_after
+MAINTENANCE_S = 0.5  # how often spares, back-offs and the slot kept ahead of need are looked at
 
 
-class NoCapacity(Exception):
-    """No worker could be bound for this tenant in time (node full or GPU admission)."""
+async def discover_devices(settings: Settings) -> Inventory:
+    """The node's devices: the GPUs a probe process sees (this process never touches CUDA), or
+    one CPU device. Each GPU's budget is `device_memory_bytes`, or its total when that is 0."""
+    overhead, ceiling = settings.context_overhead_bytes, settings.max_contexts_per_device
+    if settings.backend == "cpu":
+        return Inventory.cpu(overhead, ceiling)
+    gpus = await probe(settings.worker_start_timeout_s)
+    if not gpus:
+        if settings.backend == "cuda":  # the workers will fail to start and say why
+            log.error("backend cuda, but no GPU was found: workers start unpinned")
+        return Inventory.cpu(overhead, ceiling)
+    return Inventory(
+        [Device(g.index, g.visible_id, settings.device_memory_bytes or g.total_memory_bytes, g.name, ceiling) for g in gpus],
+        overhead,
+    )
 
 
-class HardTimeout(Exception):
-    pass
+class _Progress(Enum):
+    """What getting a spare for a waiting call has under way."""
 
-
-class WorkerCrashed(Exception):
-    pass
-
-
-@dataclass
-class KernelSet:
-    version: int
-    sources: dict[str, str]
+    PENDING = 1  # a start that may serve it: wait for a change
+    AGAIN = 2  # room was made just now: look again at once
+    NONE = 3  # nothing: every device at its ceiling, budget or back-off, nothing idle to evict
 
 
 @dataclass
@@ -77,20 +103,39 @@ class _Tenant:
         return self.fair.queue(self.principal.id)
 
 
+_RETIRE_REASON = {
+    Outcome.DEVICE_ERROR: "device_error",
+    Outcome.LOST: "crashed",
+    Outcome.HARD_TIMEOUT: "hard_timeout",
+    Outcome.CANCELLED: "cancelled",
+}
+
+
 class Scheduler:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, secret: bytes = b"", run_dir: Path | None = None, devices: Inventory | None = None,
+        discover: Callable[[Settings], Awaitable[Inventory]] | None = None,
+    ) -> None:
+        """`secret` and `run_dir`: in a node of several fronts, the lease-token key given to every
+        worker at bind and the private directory where workers listen for fronts' runs. `devices`:
+        the node's devices as given (tests); else found at start by `discover`."""
         self.settings = settings
+        self.secret = secret
+        self.run_dir = run_dir
+        self.leases: dict[str, Lease] = {}
+        self._lease_seq = itertools.count(1)
+        self._node_tag = uuid.uuid4().hex[:8]
         self.workers: list[WorkerHandle] = []
         self.tenants: dict[str, _Tenant] = {}
         self.restarts: Counter[str] = Counter()
         self.rejections: Counter[tuple[str, str]] = Counter()  # (tenant, reason)
         self.on_bind: Callable[[float], None] | None = None  # observes cold-start binding time
-        self.device_budget = settings.device_memory_bytes
+        self.devices = devices or Inventory.cpu(settings.context_overhead_bytes, settings.max_contexts_per_device)
+        self._discover = None if devices is not None else (discover or discover_devices)
         self.fair = FairShare(settings.max_workers, settings.reserved_workers)
         self.backend = "unknown"
         self._changed = asyncio.Event()
         self._binders = 0
-        self._start_failures = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.fork_server = ForkServer(settings.backend) if settings.fork_server else None
@@ -98,6 +143,11 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, wait: bool = True) -> None:
         sweep_stale_pages(stats_dir(self.settings.data_dir))  # left by a node that crashed
+        if self._discover is not None:
+            self.devices = await self._discover(self.settings)
+            self._discover = None
+            log.info("devices: %s", ", ".join(f"{d.index} {d.name} ({d.budget_bytes >> 20} MiB)" for d in self.devices.devices))
+        self._background(self._maintain())
         self._ensure_spares()
         if wait and self.settings.warm_spares > 0:  # with no spares kept, nothing to wait for
             deadline = time.monotonic() + self.settings.worker_start_timeout_s
@@ -116,62 +166,125 @@ class Scheduler:
             self.fork_server.close_sync()
 
     def ready(self) -> bool:
-        return any(w.state in (WorkerState.SPARE, WorkerState.IDLE, WorkerState.BUSY) for w in self.workers)
+        """A worker is ready and some device is not backing off (starts failing everywhere)."""
+        return self.devices.usable() and any(w.state in (WorkerState.SPARE, WorkerState.IDLE, WorkerState.BUSY) for w in self.workers)
+
+    def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _maintain(self) -> None:
+        """Spares after a device's back-off ends, and a slot freed ahead of need once every slot
+        is bound; both also happen on each start, bind and retirement."""
+        while not self._closed:
+            await asyncio.sleep(MAINTENANCE_S)
+            self._ensure_spares()
 
     # -- change notification --------------------------------------------------------------------
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait_change(self, deadline: float) -> None:
+    async def _wait_change(self, deadline: float, why: str = "no worker became available in time") -> None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise NoCapacity("no worker became available in time")
+            raise NoCapacity(why)
         try:
             await asyncio.wait_for(self._changed.wait(), remaining)
         except TimeoutError:
-            raise NoCapacity("no worker became available in time") from None
+            raise NoCapacity(why) from None
 
     # -- workers ------------------------------------------------------------------------------
     def _alive(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.state != WorkerState.DEAD]
 
+    def _starting(self) -> int:
+        return sum(1 for w in self.workers if w.state == WorkerState.STARTING)
+
+    def _start_slots(self) -> int:
+        """Workers that may start now: worker slots free, within the parallel-start bound."""
+        room = self.settings.max_workers - len(self._alive())
+        return max(0, min(room, self.settings.max_parallel_starts - self._starting()))
+
     def _ensure_spares(self) -> None:
+        """`warm_spares` spare or starting workers on each device that may start one."""
         if self._closed:
             return
-        alive = self._alive()
-        spares = sum(1 for w in alive if w.state in (WorkerState.SPARE, WorkerState.STARTING))
-        want = self.settings.warm_spares + self._binders - spares
-        room = self.settings.max_workers - len(alive)
-        for _ in range(max(0, min(want, room))):
-            self._spawn()
+        have = Counter(w.device_index for w in self._alive() if w.state in (WorkerState.SPARE, WorkerState.STARTING))
+        slots = self._start_slots()
+        while slots > 0:
+            short = [d for d in self.devices.devices if have[d.index] < self.settings.warm_spares and self.devices.can_start(d)]
+            if not short:
+                break
+            d = min(short, key=lambda d: (have[d.index], -(d.free_bytes() or 0), d.index))
+            self._spawn(d)
+            have[d.index] += 1
+            slots -= 1
+        self._free_slot_ahead()
 
-    def _spawn(self) -> None:
-        w = WorkerHandle(self.settings, spawner=self.fork_server)
+    def _free_slot_ahead(self) -> None:
+        """Every slot bound (the node's workers, or every device at its ceiling or budget) and
+        fewer spares on the way than `warm_spares` per device: retire the least recently used
+        workers of tenants with nothing running or queued (idle past `retire_idle_after_s`), so
+        that the next new tenants find spares (their replacements). Several at once: the driver
+        creates contexts one after another, and a pipeline of starts keeps it busy."""
+        alive = self._alive()
+        if self.settings.warm_spares <= 0 or not (len(alive) >= self.settings.max_workers or self.devices.all_full()):
+            return
+        if not self.devices.usable():  # every device backing off: no replacement would start
+            return
+        coming = sum(1 for w in alive if w.state in (WorkerState.SPARE, WorkerState.STARTING, WorkerState.BINDING))
+        want = min(self.settings.warm_spares * len(self.devices.devices), self.settings.max_parallel_starts) - coming
+        if want <= 0:
+            return
+        quiet_since = time.monotonic() - self.settings.retire_idle_after_s
+        idle = [
+            w for w in alive
+            if w.state == WorkerState.IDLE and w.tenant_id is not None and w.last_used <= quiet_since
+            and self.fair.running(w.tenant_id) == 0 and not self.fair.queue(w.tenant_id)
+        ]
+        for w in sorted(idle, key=lambda w: w.last_used)[:want]:
+            self._retire(w, "evicted")
+
+    def _spawn(self, device: Device) -> WorkerHandle:
+        w = WorkerHandle(self.settings, spawner=self.fork_server, device_index=device.index, visible_device=device.visible_id)
+        if self.run_dir is not None:
+            w.socket_path = str(self.run_dir / f"w-{w.id}.sock")
         self.workers.append(w)
-        task = asyncio.get_running_loop().create_task(self._start_worker(w))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.devices.context_started(device)
+        self._background(self._start_worker(w))
+        return w
 
     async def _start_worker(self, w: WorkerHandle) -> None:
+        device = self.devices[w.device_index]
         try:
             await w.start()
-            self._start_failures = 0
-            watcher = asyncio.get_running_loop().create_task(self._watch(w))
-            self._tasks.add(watcher)
-            watcher.add_done_callback(self._tasks.discard)
+            self.devices.start_ok(device)
+            self._background(self._watch(w))
             if self.backend == "unknown":  # every worker of a node runs the same backend
                 self.backend = w.backend
-                if not self.settings.device_memory_bytes and w.backend == "cuda":
-                    self.device_budget = int(w.device.get("total_memory_bytes", 0))
+        except StartRefused as exc:
+            self._drop(w, "start_refused")  # first: the ceiling is what the device holds without it
+            delay = self.devices.learn_refusal(device)
+            log.warning("device %d refused a context (%s); its ceiling is now %d", device.index, exc, device.ceiling)
+            if delay:
+                self._after(delay)
         except Exception as exc:
-            log.error("worker %s failed to start: %s", w.id, exc)
-            self._start_failures += 1
+            log.error("worker %s failed to start on device %d: %s", w.id, device.index, exc)
             self._drop(w, "start_failed")
-            await asyncio.sleep(min(5.0, 0.2 * 2**self._start_failures))
-            self._ensure_spares()
+            self._after(self.devices.start_failed(device))
         finally:
             self._notify()
+        self._ensure_spares()  # a start slot is free
+
+    def _after(self, delay: float) -> None:
+        """Look again once a device's back-off has run out (waiting calls too)."""
+        def again() -> None:
+            self._ensure_spares()
+            self._notify()
+
+        asyncio.get_running_loop().call_later(delay + 0.01, again)
 
     async def _watch(self, w: WorkerHandle) -> None:
         assert w.proc is not None
@@ -183,13 +296,12 @@ class Scheduler:
         w.kill()
         if w in self.workers:
             self.workers.remove(w)
+            self.devices.context_ended(self.devices[w.device_index], w.gpu_cap if w.tenant_id else 0)
         for ts in self.tenants.values():
             if w in ts.workers:
                 ts.workers.remove(w)
         self.restarts[reason] += 1
-        task = asyncio.get_running_loop().create_task(w.close())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background(w.close())
 
     def _retire(self, w: WorkerHandle, reason: str) -> None:
         if w not in self.workers:
@@ -200,26 +312,57 @@ class Scheduler:
         self._notify()
 
     def committed_bytes(self) -> int:
-        overhead = self.settings.context_overhead_bytes
-        return sum(overhead + (w.gpu_cap if w.tenant_id else 0) for w in self._alive())
+        """Device memory promised on all devices: per-context overhead plus bound caps."""
+        return sum(d.committed_bytes for d in self.devices.devices)
 
-    def _admits(self, cap: int) -> bool:
-        if self.backend != "cuda" or not self.device_budget:
-            return True
-        return self.committed_bytes() + cap <= self.device_budget
+    def _evict_one(self, exclude: str, cap: int = 0) -> bool:
+        """Retire the least recently used idle worker of another tenant whose departure lets a
+        context with `cap` start on its device (a slot, a context below the ceiling, budget)."""
+        now = self.devices.clock()
+        # at max_workers, any worker's slot serves if some device could place the cap but for the slot
+        slot_helps = len(self._alive()) >= self.settings.max_workers and self.devices.place(cap) is not None
 
-    def _evict_one(self, exclude: str) -> bool:
-        idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude]
+        def helps(w: WorkerHandle) -> bool:
+            d = self.devices[w.device_index]
+            if slot_helps:
+                return True
+            below_ceiling = not d.ceiling or d.contexts - 1 < d.ceiling
+            fits = not d.budget_bytes or d.committed_bytes - w.gpu_cap + cap <= d.budget_bytes
+            return now >= d.next_start_at and below_ceiling and fits
+
+        idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude and helps(w)]
         if not idle:
             return False
         self._retire(min(idle, key=lambda w: w.last_used), "evicted")
         return True
 
-    async def _acquire_worker(self, ts: _Tenant, kernels: KernelSet) -> WorkerHandle:
+    def _spare_for(self, cap: int) -> WorkerHandle | None:
+        """A spare whose device's budget takes `cap`, on the device with the most budget left."""
+        spares = [w for w in self.workers if w.state == WorkerState.SPARE and self.devices[w.device_index].fits(cap)]
+        if not spares:
+            return None
+        return min(spares, key=lambda w: (-(self.devices[w.device_index].free_bytes() or 0), w.device_index))
+
+    def _provide_spare(self, cap: int, exclude: str) -> _Progress:
+        """Make a spare for `cap` come: start one, or evict an idle worker of another tenant."""
+        starting = [w for w in self.workers if w.state == WorkerState.STARTING]
+        if sum(1 for w in starting if self.devices[w.device_index].fits(cap)) >= self._binders:
+            return _Progress.PENDING
+        if self._start_slots() > 0:
+            device = self.devices.place(cap)
+            if device is not None:
+                self._spawn(device)
+                return _Progress.PENDING
+        if starting:  # a slot frees when they finish: look again then, evict nothing yet
+            return _Progress.PENDING
+        return _Progress.AGAIN if self._evict_one(exclude, cap) else _Progress.NONE
+
+    async def _acquire_worker(self, ts: _Tenant, deadline: float) -> WorkerHandle:
+        """A worker bound to the tenant by `deadline` (the call's queue wait), or NoCapacity."""
         cap = ts.principal.quota.gpu_memory_bytes
-        if self.backend == "cuda" and self.device_budget and cap + self.settings.context_overhead_bytes > self.device_budget:
-            raise NoCapacity(f"the tenant's GPU cap ({cap} bytes) does not fit this node's device")
-        deadline = time.monotonic() + self.settings.worker_start_timeout_s
+        if not self.devices.could_ever_fit(cap):
+            raise NoCapacity(f"the tenant's GPU cap ({cap} bytes) does not fit any device of this node")
+        stuck_until: float | None = None  # nothing under way for this call: wait at most the queue wait
         t_acquire = time.perf_counter()
         self._binders += 1
         try:
@@ -232,15 +375,19 @@ class Scheduler:
                         w.state = WorkerState.BUSY
                         return w
                 else:
-                    spare = next((w for w in self.workers if w.state == WorkerState.SPARE), None)
-                    if spare is not None and self._admits(cap):
+                    spare = self._spare_for(cap)
+                    if spare is not None:
                         spare.state = WorkerState.BINDING
+                        device = self.devices[spare.device_index]
+                        self.devices.bound(device, cap)  # now: other calls place while this one binds
                         try:
-                            await spare.bind(ts.principal.id, ts.principal.name, cap, kernels.sources, kernels.version)
+                            await spare.bind(ts.principal.id, ts.principal.name, cap, self.secret)
                         except WorkerLost:
+                            self.devices.bound(device, -cap)  # not bound: it leaves as a spare would
                             self._retire(spare, "crashed")
                             continue
                         except BaseException:  # cancelled mid-bind: its reply would be orphaned
+                            self.devices.bound(device, -cap)
                             self._retire(spare, "cancelled")
                             raise
                         if self.on_bind is not None:
@@ -251,12 +398,22 @@ class Scheduler:
                         # process, which would otherwise land inside the cold call it serves.
                         asyncio.get_running_loop().call_later(0.01, self._ensure_spares)
                         return spare
-                    starting = sum(1 for w in self.workers if w.state == WorkerState.STARTING)
-                    full = len(self._alive()) >= self.settings.max_workers
-                    if (full and starting == 0) or (spare is not None and not self._admits(cap)):
-                        self._evict_one(exclude=ts.principal.id)
-                    self._ensure_spares()
-                    await self._wait_change(deadline)
+                    progress = self._provide_spare(cap, exclude=ts.principal.id)
+                    if progress == _Progress.AGAIN:  # room made: its replacement may start now
+                        stuck_until = None
+                        continue
+                    if progress == _Progress.PENDING:
+                        stuck_until = None
+                    elif stuck_until is None:
+                        stuck_until = time.monotonic() + self.settings.queue_wait_ms / 1000
+                    if stuck_until is None:
+                        await self._wait_change(deadline)
+                    else:
+                        await self._wait_change(
+                            min(deadline, stuck_until),
+                            "every device of this node is at its context ceiling or memory budget, or backing off "
+                            "after failed starts, and no idle worker could be evicted",
+                        )
         finally:
             self._binders -= 1
 
@@ -282,7 +439,7 @@ class Scheduler:
         tid, limit = ts.principal.id, ts.principal.quota.max_concurrency
         if len(self.fair.queue(tid)) >= self.settings.queue_limit:
             self.rejections[(ts.principal.name, "queue_full")] += 1
-            raise Rejected("queue_full", f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
+            raise Rejected(RejectReason.QUEUE_FULL, f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
         ticket, granted = self.fair.submit(tid, limit)
         self._wake(granted)
         if ticket.granted:
@@ -306,11 +463,11 @@ class Scheduler:
         name, limit = ts.principal.name, ts.principal.quota.max_concurrency
         if blocked == Blocked.CONCURRENCY:
             self.rejections[(name, "concurrency")] += 1
-            return Rejected("concurrency", f"tenant is at its concurrency limit ({limit} running); retry shortly", 1)
+            return Rejected(RejectReason.CONCURRENCY, f"tenant is at its concurrency limit ({limit} running); retry shortly", 1)
         if blocked == Blocked.FAIR_SHARE:
             self.rejections[(name, "fair_share")] += 1
             return Rejected(
-                "fair_share",
+                RejectReason.FAIR_SHARE,
                 f"tenant runs {self.fair.share} invocations, its share of this node's {self.fair.max_workers} workers "
                 "(the rest are kept for other tenants); retry shortly",
                 1,
@@ -321,11 +478,16 @@ class Scheduler:
         self._wake(self.fair.release(ticket))
 
     def check_rate(self, principal: TenantPrincipal) -> None:
-        wait = self._tenant(principal).bucket.take()
+        """Take one call from the tenant's token bucket, or raise Rejected (rate)."""
+        self._take_rate(self._tenant(principal))
+
+    def _take_rate(self, ts: _Tenant) -> None:
+        principal = ts.principal
+        wait = ts.bucket.take()
         if wait > 0:
             self.rejections[(principal.name, "rate")] += 1
             raise Rejected(
-                "rate",
+                RejectReason.RATE,
                 f"tenant exceeded its rate of {principal.quota.requests_per_second:g} invocations per second",
                 TokenBucket.retry_after(wait),
             )
@@ -341,58 +503,121 @@ class Scheduler:
             else:
                 w.retire_reason = "tenant_changed"
 
-    # -- the call -----------------------------------------------------------------------------
-    async def run(
-        self, principal: TenantPrincipal, header: dict[str, Any], body: bytes, hard_timeout_s: float, kernels: KernelSet,
-        on_chunk: Callable[[bytes], None] | None = None,
-    ) -> tuple[dict[str, Any], bytes, WorkerHandle]:
-        """Run one call on a worker of the tenant (the caller checked the tenant's rate first, with
-        `check_rate`). With `on_chunk` (and `stream` in the header) the guest's stdout arrives there
-        as written. Cancelling the caller kills the worker."""
+    # -- the call: lease, exchange (by the caller), release ----------------------------------
+    async def lease(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease:
+        """Admit one call of the tenant (rate when asked, concurrency, fair share, queue) and
+        hold a worker bound to it for the call. The caller must `release` the lease."""
+        lease = self.lease_now(principal, check_rate)
+        if lease is not None:
+            return lease
         ts = self._tenant(principal)
+        # the queue wait bounds the whole wait: for a slot, then for a worker (a start, an eviction)
+        deadline = time.monotonic() + self.settings.queue_wait_ms / 1000
         ticket = await self._enter(ts)
         try:
-            w = await self._acquire_worker(ts, kernels)
-            ts.last_used = time.monotonic()
-            if w.kernels_version != kernels.version:
-                header = {**header, "kernels": kernels.sources}
-            try:
-                async with asyncio.timeout(hard_timeout_s):  # no extra task, unlike wait_for
-                    reply, out = await w.request(header, body, on_chunk)
-            except TimeoutError:
-                self._retire(w, "hard_timeout")
-                raise HardTimeout() from None
-            except WorkerLost:
-                self._retire(w, "crashed")
-                raise WorkerCrashed() from None
-            except BaseException:  # cancelled mid-call: the worker's reply would be orphaned
-                self._retire(w, "cancelled")
-                raise
-            w.kernels_version = kernels.version
-            w.invocations += 1
-            w.last_used = time.monotonic()
-            if reply.get("host", {}).get("device_error"):
-                self._retire(w, "device_error")
-            elif w.retire_reason:
-                self._retire(w, w.retire_reason)
-            else:
+            w = await self._acquire_worker(ts, deadline)
+        except BaseException:
+            self._leave(ticket)
+            raise
+        ts.last_used = time.monotonic()
+        return self._grant(w, ts, ticket)
+
+    def lease_now(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease | None:
+        """The lease without waiting, when the tenant may start a call now and has an idle
+        worker (a warm tenant's usual call): no task, no event-loop turn. None: call `lease`
+        (with check_rate=False: the rate was taken here)."""
+        ts = self._tenant(principal)
+        if check_rate:
+            self._take_rate(ts)
+        if ts.waiters:
+            return None  # FIFO: those queued go first
+        cap = principal.quota.gpu_memory_bytes
+        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
+        if w is None:
+            return None
+        ticket, granted = self.fair.submit(principal.id, principal.quota.max_concurrency)
+        self._wake(granted)
+        if not ticket.granted:
+            self.fair.withdraw(ticket)
+            return None
+        w.state = WorkerState.BUSY
+        ts.last_used = time.monotonic()
+        return self._grant(w, ts, ticket)
+
+    def _grant(self, w: WorkerHandle, ts: _Tenant, ticket: Ticket) -> Lease:
+        # unique on this node is enough: a front proves its lease with the token, not the id
+        lease = Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
+        self.leases[lease.id] = lease
+        return lease
+
+    def release(self, lease: Lease, outcome: Outcome, kernels_version: str = "") -> None:
+        """Give the worker back: idle again after a clean call, replaced after anything else."""
+        if lease.released:
+            return
+        lease.released = True
+        self.leases.pop(lease.id, None)
+        w = lease.worker
+        try:
+            if outcome in (Outcome.OK, Outcome.DEVICE_ERROR):
+                w.kernels_version = kernels_version
+                w.invocations += 1
+                w.last_used = time.monotonic()
+            clean = outcome in (Outcome.OK, Outcome.UNUSED)
+            if clean and not w.retire_reason and w.state == WorkerState.BUSY:
                 w.state = WorkerState.IDLE
                 self._notify()
-            return reply, out, w
+            elif clean:
+                self._retire(w, w.retire_reason or "exited")
+            else:
+                self._retire(w, _RETIRE_REASON[outcome])
         finally:
-            self._leave(ticket)
+            self._leave(lease.ticket)
 
     # -- views --------------------------------------------------------------------------------
-    def tenant_usage(self, tenant_id: str) -> dict[str, int]:
+    def usage(self, tenant_id: str) -> Usage:
         ts = self.tenants.get(tenant_id)
         if ts is None:
-            return {"running": self.fair.running(tenant_id), "queued": len(self.fair.queue(tenant_id)), "workers": 0, "gpu_bytes_in_use": 0}
-        return {
-            "running": ts.running,
-            "queued": len(ts.waiters),
-            "workers": len(ts.workers),
-            "gpu_bytes_in_use": sum(w.live_stats().get("gpu_bytes_in_use", 0) for w in ts.workers),
-        }
+            return Usage(running=self.fair.running(tenant_id), queued=len(self.fair.queue(tenant_id)), workers=0, gpu_bytes_in_use=0)
+        return Usage(
+            running=ts.running,
+            queued=len(ts.waiters),
+            workers=len(ts.workers),
+            gpu_bytes_in_use=sum(w.live_stats().get("gpu_bytes_in_use", 0) for w in ts.workers),
+        )
+
+    def tenant_usage(self, tenant_id: str) -> dict[str, int]:
+        return msgspec.structs.asdict(self.usage(tenant_id))
+
+    def worker_infos(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id=w.id,
+                pid=w.pid,
+                state=w.state.value,
+                backend=w.backend,
+                tenant_id=w.tenant_id,
+                tenant=w.tenant_name,
+                gpu_bytes_in_use=w.live_stats().get("gpu_bytes_in_use", 0),
+                gpu_bytes_cap=w.gpu_cap,
+                invocations=w.invocations,
+                started_at=w.started_at.isoformat(),
+                compute_capability=w.device.compute_capability,
+                device_name=w.device.name,
+                device=w.device_index,
+            )
+            for w in self.workers
+        ]
 
     def queue_depth(self) -> int:
         return self.fair.queued()
+
+    def device_views(self) -> list[dict[str, Any]]:
+        """Per device: status, contexts, ceiling, memory and starts (for /readyz and metrics)."""
+        return self.devices.view()
+
+    def readiness(self) -> Readiness:
+        return Readiness(
+            workers=self.ready(),
+            devices_usable=self.devices.usable(),
+            devices=[msgspec.convert(d, DeviceView) for d in self.device_views()],
+        )

@@ -15,7 +15,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.services.api_keys import AuthCache
-from app.services.invocations import FunctionCache
+from app.services.function_cache import FunctionCache
 
 log = logging.getLogger(__name__)
 

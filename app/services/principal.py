@@ -54,7 +54,7 @@ class TenantQuota:
     max_queued: int
 
     @classmethod
-    def of(cls, tenant: Tenant) -> "TenantQuota":
+    def of(cls, tenant: Tenant) -> TenantQuota:
         return cls(**{f: getattr(tenant, f) for f in QUOTA_FIELDS})
 
     def as_dict(self) -> dict[str, int | float]:
@@ -68,5 +68,5 @@ class TenantPrincipal:
     quota: TenantQuota
 
     @classmethod
-    def of(cls, tenant: Tenant) -> "TenantPrincipal":
+    def of(cls, tenant: Tenant) -> TenantPrincipal:
         return cls(id=tenant.id, name=tenant.name, quota=TenantQuota.of(tenant))

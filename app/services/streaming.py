@@ -13,11 +13,12 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from app.queue.states import InvocationMode, InvocationStatus
-from app.services.invocations import Execution, Executor, InvocationRecorder
+from app.services.invocations import Execution, Executor
 from app.services.principal import TenantPrincipal
+from app.services.records import InvocationRecorder
 
 _CLEANUPS: set[asyncio.Task[None]] = set()  # keeps cancel-and-record tasks referenced until done
 
@@ -34,7 +35,7 @@ class StreamCall:
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._started = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._created = datetime.now(timezone.utc)
+        self._created = datetime.now(UTC)
 
     async def start(self, body: bytes, query: str, content_type: str) -> None:
         """Returns once the guest runs; raises what kept it from running (Rejected, NoCapacity, 404)."""
@@ -91,7 +92,7 @@ class StreamCall:
         if self.status is None:  # the run failed unexpectedly (logged by the task)
             self.status = InvocationStatus.INTERNAL_ERROR
         r = self.result
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         self.recorder.record({
             "id": self.id, "tenant_id": self.tenant.id, "function": self.name, "mode": InvocationMode.STREAM.value,
             "version": r.version if r else None, "status": self.status.value, "created_at": self._created,

@@ -1,4 +1,4 @@
-"""The api process's handle on one worker process."""
+"""The supervisor's handle on one worker process (in a one-process node, the api process's)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
 
+from app.contract.frames import ProtocolError, encode, read_frame_async
+from app.contract.messages import Bind, Chunk, DeviceInfo, Done, Ready, StartRefusal, WorkerMessage
 from app.settings import Settings
 from app.worker.forkserver import ForkedProcess, ForkServer
-from app.worker.protocol import encode, read_frame_async
 from app.worker.stats import StatsPage, page_path, stats_dir
 
 log = logging.getLogger(__name__)
@@ -36,24 +36,32 @@ class WorkerLost(RuntimeError):
     """The worker died or its pipe broke while we talked to it."""
 
 
+class StartRefused(WorkerLost):
+    """The driver refused the worker's device context (the device's context ceiling)."""
+
+
 @dataclass
 class WorkerHandle:
     settings: Settings
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     state: WorkerState = WorkerState.STARTING
     backend: str = "unknown"
-    device: dict[str, Any] = field(default_factory=dict)
+    device: DeviceInfo = field(default_factory=DeviceInfo)  # as the worker reports it (its device 0)
+    device_index: int = 0  # the node's device it is pinned to (app/scheduler/devices.py)
+    # CUDA_VISIBLE_DEVICES of the worker: the one GPU it may see; None: inherit the node's (CPU)
+    visible_device: str | None = None
     tenant_id: str | None = None
     tenant_name: str | None = None
     gpu_cap: int = 0
-    kernels_version: int = -1
+    kernels_version: str = ""  # content hash of the kernel sources the worker holds
     invocations: int = 0
     last_used: float = field(default_factory=time.monotonic)
-    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     retire_reason: str | None = None
     proc: asyncio.subprocess.Process | ForkedProcess | None = None
     spawner: ForkServer | None = None  # None: a fresh interpreter per worker
     stats: StatsPage | None = None
+    socket_path: str | None = None  # where fronts send leased runs (a node of several fronts)
 
     @property
     def pid(self) -> int | None:
@@ -77,31 +85,37 @@ class WorkerHandle:
             "--gpu-memory", s.gpu_memory,
             "--pin-budget", str(s.pinned_guest_memory_bytes),
         ]
-        if self.spawner is not None:
-            self.proc = await self.spawner.spawn(argv, limit=1 << 20)
+        if self.socket_path is not None:
+            argv += ["--socket", self.socket_path]
+        env = {"CUDA_VISIBLE_DEVICES": self.visible_device} if self.visible_device is not None else {}
+        if self.spawner is not None:  # the fork server makes its children die with it
+            self.proc = await self.spawner.spawn(argv, env=env, limit=1 << 20)
         else:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "app.worker.main", *argv,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20, start_new_session=True,
+                env={**os.environ, **env},
             )
         header, _ = await asyncio.wait_for(self._read(), timeout=s.worker_start_timeout_s)
-        if header.get("op") != "ready":
-            raise WorkerLost(f"worker {self.id} sent {header.get('op')!r} instead of ready")
-        self.backend = header["backend"]
-        self.device = header.get("device", {})
+        if isinstance(header, StartRefusal):
+            raise StartRefused(f"worker {self.id}: the driver refused its context: {header.error}")
+        if not isinstance(header, Ready):
+            raise WorkerLost(f"worker {self.id} sent {type(header).__name__} instead of ready")
+        self.backend = header.backend
+        self.device = header.device
         self.state = WorkerState.SPARE
 
-    async def _read(self) -> tuple[dict[str, Any], bytes]:
+    async def _read(self) -> tuple[WorkerMessage, bytes]:
         assert self.proc is not None and self.proc.stdout is not None
         try:
             return await read_frame_async(self.proc.stdout)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
             raise WorkerLost(f"worker {self.id} exited (code {self.proc.returncode})") from exc
 
     async def request(
-        self, header: dict[str, Any], body: bytes = b"", on_chunk: Callable[[bytes], None] | None = None
-    ) -> tuple[dict[str, Any], bytes]:
-        """Send one request and return its reply; `chunk` frames before it go to `on_chunk`."""
+        self, header: WorkerMessage, body: bytes = b"", on_chunk: Callable[[bytes], None] | None = None
+    ) -> tuple[WorkerMessage, bytes]:
+        """Send one request and return its reply; `Chunk` frames before it go to `on_chunk`."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.writelines(encode(header, body))
@@ -112,18 +126,19 @@ class WorkerHandle:
             return await self._read()
         while True:
             reply, data = await self._read()
-            if reply.get("op") != "chunk":
+            if not isinstance(reply, Chunk):
                 return reply, data
             on_chunk(data)
 
-    async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, kernels: dict[str, str], kernels_version: int) -> None:
+    async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, secret: bytes = b"") -> None:
+        """Bind to a tenant with no kernels: the first run carries the tenant's current set."""
         header, _ = await self.request(
-            {"op": "bind", "tenant_id": tenant_id, "tenant": tenant_name, "gpu_memory_bytes": gpu_cap, "kernels": kernels}
+            Bind(tenant_id=tenant_id, tenant=tenant_name, gpu_memory_bytes=gpu_cap, worker_id=self.id, secret=secret)
         )
-        if header.get("op") != "ok":
+        if not isinstance(header, Done):
             raise WorkerLost(f"worker {self.id} refused bind: {header}")
         self.tenant_id, self.tenant_name, self.gpu_cap = tenant_id, tenant_name, gpu_cap
-        self.kernels_version = kernels_version
+        self.kernels_version = ""
 
     def live_stats(self) -> dict[str, int]:
         return self.stats.read() if self.stats else {}

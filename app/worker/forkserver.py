@@ -133,6 +133,8 @@ class ForkedProcess:
     stdin: asyncio.StreamWriter
     stdout: asyncio.StreamReader
     _pidfd: int
+    # the pipes' file objects, kept with the transports that use their descriptors
+    _files: tuple[Any, ...] = ()
     returncode: int | None = None
     _exited: asyncio.Event | None = None
 
@@ -144,6 +146,7 @@ class ForkedProcess:
         # Not our child, so no exit status: the fork server reaps it. -9 reads as "killed".
         asyncio.get_running_loop().remove_reader(self._pidfd)
         os.close(self._pidfd)
+        self.stdin.close()  # nothing reads it any more; the stdout side closes at its EOF
         self.returncode = -signal.SIGKILL
         assert self._exited is not None
         self._exited.set()
@@ -211,13 +214,18 @@ class ForkServer:
                 await self._start()
         pid, stdin_w, stdout_r = await loop.run_in_executor(None, self._fork, argv, env or {})
         pidfd = os.pidfd_open(pid)
+        # uvloop (which uvicorn runs) closes a pipe's fd in libuv and then closes the file object
+        # it was given as well: a second close of the same number, which takes the fd another
+        # thread just opened in between (a fork reply's pipes, under churn). There the file object
+        # must not own its fd; asyncio's own transports close the fd through the file object.
+        owns = not type(loop).__module__.startswith("uvloop")
         reader = asyncio.StreamReader(limit=limit, loop=loop)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(stdout_r, "rb", buffering=0))
-        transport, protocol = await loop.connect_write_pipe(
-            lambda: asyncio.streams.FlowControlMixin(loop=loop), os.fdopen(stdin_w, "wb", buffering=0)
-        )
+        stdout_file = os.fdopen(stdout_r, "rb", buffering=0, closefd=owns)
+        stdin_file = os.fdopen(stdin_w, "wb", buffering=0, closefd=owns)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), stdout_file)
+        transport, protocol = await loop.connect_write_pipe(lambda: asyncio.streams.FlowControlMixin(loop=loop), stdin_file)
         writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        return ForkedProcess(pid, writer, reader, pidfd)
+        return ForkedProcess(pid, writer, reader, pidfd, (stdout_file, stdin_file))
 
     def close_sync(self) -> None:
         if self._sock is not None:

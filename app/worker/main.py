@@ -2,22 +2,51 @@
 
 Started by the api process as a fresh interpreter (`python -m app.worker.main`), never forked
 from it, so a CUDA context is always created in a clean process. It speaks the protocol of
-app/worker/protocol.py over its stdin/stdout; its own prints go to stderr. It dies with the
+app/contract/messages.py over its stdin/stdout (from the supervisor) and, in a node of
+several fronts, over a unix socket where fronts send leased runs; its own prints go to stderr. It dies with the
 process that started it (app/worker/lifeline.py), even in the middle of a guest.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hmac
 import logging
 import os
+import selectors
 import signal
+import socket
 import sys
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
-from app.worker.protocol import read_frame, write_frame
+import msgspec
+
+from app.contract.frames import ProtocolError, read_frame, write_frame
+from app.contract.messages import (
+    Bind,
+    Chunk,
+    DeviceInfo,
+    Done,
+    Exit,
+    Failed,
+    HostCounts,
+    Ping,
+    Pong,
+    Ready,
+    Refused,
+    Result,
+    Run,
+    RunStatus,
+    StartRefusal,
+    WorkerMessage,
+    lease_mac,
+)
+
+REFUSED_EXIT = 75  # the driver refused this worker's context (the `refused` frame says so too)
 
 
 def _make_backend(kind: str, cache_dir: Path, memory_kind: str) -> Any:
@@ -45,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-memory", default="managed", choices=("managed", "device"))
     ap.add_argument("--pin-budget", type=int, default=0)
     ap.add_argument("--node-pid", type=int, default=None, help="die when this process (the node) is gone")
+    ap.add_argument("--socket", default=None, help="also serve fronts' runs on this unix socket")
     args = ap.parse_args(argv)
     if args.node_pid is not None:
         from app.worker.lifeline import die_with_parent
@@ -60,88 +90,189 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="worker %(process)d %(levelname)s %(message)s")
 
     from app.gpu.abi import AbiHost
+    from app.gpu.cuda import ContextRefused  # no CuPy import: that module loads it when used
     from app.runtime.artifacts import ArtifactCache
     from app.runtime.engine import make_engine
     from app.runtime.memory import GuestMemory
-    from app.runtime.runner import GuestRunner, RunRequest
+    from app.runtime.runner import GuestRunner
     from app.worker.stats import StatsPage
 
     cache_dir = Path(args.cache_dir)
     stats = StatsPage(Path(args.stats), create=False)
-    backend = _make_backend(args.backend, cache_dir, args.gpu_memory)
+    try:
+        backend = _make_backend(args.backend, cache_dir, args.gpu_memory)
+    except ContextRefused as exc:
+        # told apart from a crash: the scheduler learns this device's context ceiling from it
+        write_frame(proto_out, StartRefusal(error=str(exc)))
+        return REFUSED_EXIT
     memory = GuestMemory(args.pin_budget)  # one reused region instead of a fresh mapping per call
     if hasattr(backend, "attach_guest_memory"):
         backend.attach_guest_memory(memory)
     host = AbiHost(backend, args.max_buffers, args.max_modules, memory)
     host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
     runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms)
-    runner.on_stdout = lambda data: write_frame(proto_out, {"op": "chunk"}, data)
     runner.warm_up()
     memory.scrub()
     info = backend.info
     write_frame(
         proto_out,
-        {
-            "op": "ready",
-            "pid": os.getpid(),
-            "backend": info.backend,
-            "device": {"name": info.name, "compute_capability": info.compute_capability, "total_memory_bytes": info.total_memory_bytes},
-        },
+        Ready(
+            pid=os.getpid(),
+            backend=info.backend,
+            device=DeviceInfo(
+                name=info.name, compute_capability=info.compute_capability, total_memory_bytes=info.total_memory_bytes,
+                pci_bus_id=info.pci_bus_id,
+                # the device this worker was pinned to by its node (None: not pinned)
+                cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            ),
+        ),
     )
-    invocations = 0
-    while True:
-        frame = read_frame(proto_in)
-        if frame is None:
-            return 0
-        header, body = frame
-        op = header.get("op")
-        if op == "run":
-            req = RunRequest(
-                invocation_id=header["invocation_id"],
-                function=header["function"],
-                sha256=header["sha256"],
-                env=header["env"],
-                timeout_ms=header["timeout_ms"],
-                wasm_memory_bytes=header["wasm_memory_bytes"],
-                stdout_limit=header["stdout_limit"],
-                stderr_limit=header["stderr_limit"],
-                kernels=header.get("kernels"),
-                traceparent=header.get("traceparent"),
-                stream=bool(header.get("stream")),
-            )
-            if req.stream:  # tells the api the guest is starting, so it can begin the response
-                write_frame(proto_out, {"op": "chunk"}, b"")
-            res = runner.run(req, body)
-            write_frame(
-                proto_out,
-                {
-                    "op": "result",
-                    "status": res.status,
-                    "exit_code": res.exit_code,
-                    "error": res.error,
-                    "stdout_len": len(res.stdout),
-                    "duration_ms": res.duration_ms,
-                    "host": res.host,
-                    **({"spans": res.spans} if res.spans else {}),
-                },
-                bytes(res.stdout) + res.stderr,
-            )
-            # after the reply, off the caller's path: scrub the guest's memory, publish counters
-            memory.scrub()
-            invocations += 1
-            stats.set("invocations", invocations)
-            stats.set("launches", host.launches_total)
-        elif op == "bind":
-            host.bind(int(header["gpu_memory_bytes"]))
-            host.set_kernels(header.get("kernels") or {})
-            stats.set("gpu_bytes_cap", int(header["gpu_memory_bytes"]))
-            write_frame(proto_out, {"op": "ok"})
-        elif op == "ping":
-            write_frame(proto_out, {"op": "pong", "time": time.time()})
-        elif op == "exit":
-            return 0
+    worker = _Worker(runner, host, memory, stats)
+    if args.socket is None:  # the in-process node: every message comes over the pipe
+        while True:
+            frame = read_frame(proto_in)
+            if frame is None or not worker.control(frame[0], frame[1], proto_out):
+                return 0
+    return _serve_fronts(worker, proto_in, proto_out, args.socket)
+
+
+class _Worker:
+    """One bound tenant, one guest at a time; answers control messages and runs."""
+
+    def __init__(self, runner: Any, host: Any, memory: Any, stats: Any) -> None:
+        self.runner, self.host, self.memory, self.stats = runner, host, memory, stats
+        self.invocations = 0
+        self.tenant_id: str | None = None
+        self.worker_id = ""
+        self.secret = b""
+        self.seen: deque[str] = deque(maxlen=64)  # a lease admits one run
+
+    def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:
+        """Handle one message from the pipe; False when the worker should exit."""
+        if isinstance(msg, Run):
+            self.run(msg, body, out)
+        elif isinstance(msg, Bind):
+            self.host.bind(msg.gpu_memory_bytes)
+            self.host.set_kernels(msg.kernels or {})
+            self.tenant_id, self.worker_id, self.secret = msg.tenant_id, msg.worker_id, msg.secret
+            self.stats.set("gpu_bytes_cap", msg.gpu_memory_bytes)
+            write_frame(out, Done())
+        elif isinstance(msg, Ping):
+            write_frame(out, Pong(time=time.time()))
+        elif isinstance(msg, Exit):
+            return False
         else:
-            write_frame(proto_out, {"op": "error", "error": f"unknown op {op!r}"})
+            write_frame(out, Failed(error=f"unexpected message {type(msg).__name__}"))
+        return True
+
+    def admit(self, msg: Run) -> str | None:
+        """Why a front's run may not start, or None when its lease token holds."""
+        lease = msg.lease
+        if lease is None or not self.secret or self.tenant_id is None:
+            return "no lease for this worker"
+        if lease.tenant_id != self.tenant_id:
+            return "the lease is for another tenant"
+        if not hmac.compare_digest(lease.mac, lease_mac(self.secret, lease.lease_id, self.worker_id, lease.tenant_id)):
+            return "bad lease token"
+        if lease.lease_id in self.seen:
+            return "the lease was used already"
+        self.seen.append(lease.lease_id)
+        return None
+
+    def run(self, msg: Run, body: bytes, out: BinaryIO) -> None:
+        from app.runtime.runner import RunRequest
+
+        req = RunRequest(
+            invocation_id=msg.invocation_id,
+            function=msg.function,
+            sha256=msg.sha256,
+            env=msg.env,
+            timeout_ms=msg.timeout_ms,
+            wasm_memory_bytes=msg.wasm_memory_bytes,
+            stdout_limit=msg.stdout_limit,
+            stderr_limit=msg.stderr_limit,
+            kernels=msg.kernels,
+            traceparent=msg.traceparent,
+            stream=msg.stream,
+        )
+        if msg.stream:  # stdout leaves as written, on the channel the run came from
+            self.runner.on_stdout = lambda data: write_frame(out, Chunk(), data)
+            write_frame(out, Chunk())  # the guest is starting: the caller may begin its response
+        res = self.runner.run(req, body)
+        write_frame(
+            out,
+            Result(
+                status=RunStatus(res.status),
+                stdout_len=len(res.stdout),
+                exit_code=res.exit_code,
+                error=res.error,
+                duration_ms=res.duration_ms,
+                host=msgspec.convert(res.host, HostCounts),
+                spans=res.spans or None,
+            ),
+            bytes(res.stdout) + res.stderr,
+        )
+        # after the reply, off the caller's path: scrub the guest's memory, publish counters
+        self.memory.scrub()
+        self.invocations += 1
+        self.stats.set("invocations", self.invocations)
+        self.stats.set("launches", self.host.launches_total)
+
+
+def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str) -> int:
+    """Serve the control pipe and fronts' connections on a unix socket, one message at a time.
+
+    Both sides speak request/response (a front sends one run and reads its frames before the
+    next), so a readable descriptor never has a second frame waiting in its file buffer.
+    """
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(proto_in, selectors.EVENT_READ, None)
+    sel.register(listener, selectors.EVENT_READ, None)
+    conns: dict[int, tuple[socket.socket, BinaryIO, BinaryIO]] = {}
+
+    def drop(fd: int) -> None:
+        conn, rfile, wfile = conns.pop(fd)
+        sel.unregister(conn)
+        for f in (rfile, wfile, conn):
+            with contextlib.suppress(OSError):
+                f.close()
+
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj is proto_in:
+                    frame = read_frame(proto_in)
+                    if frame is None or not worker.control(frame[0], frame[1], proto_out):
+                        return 0
+                elif key.fileobj is listener:
+                    conn, _addr = listener.accept()
+                    rfile = cast(BinaryIO, conn.makefile("rb", buffering=1 << 16))
+                    wfile = cast(BinaryIO, conn.makefile("wb", buffering=1 << 16))
+                    conns[conn.fileno()] = (conn, rfile, wfile)
+                    sel.register(conn, selectors.EVENT_READ, None)
+                else:
+                    fd = key.fd
+                    _conn, rfile, wfile = conns[fd]
+                    try:
+                        frame = read_frame(rfile)
+                        if frame is None:
+                            drop(fd)
+                            continue
+                        msg, body = frame
+                        if not isinstance(msg, Run):
+                            write_frame(wfile, Failed(error=f"unexpected message {type(msg).__name__}"))
+                        elif (why := worker.admit(msg)) is not None:
+                            write_frame(wfile, Refused(error=why))
+                        else:
+                            worker.run(msg, body, wfile)
+                    except (ProtocolError, OSError):  # the front went away mid-frame
+                        drop(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 if __name__ == "__main__":

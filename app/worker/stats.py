@@ -67,7 +67,7 @@ class StatsPage:
         self._map = mmap.mmap(self._f.fileno(), _LAYOUT.size)
 
     def read(self) -> dict[str, int]:
-        return dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0)))
+        return dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0), strict=True))
 
     def set(self, field: str, value: int) -> None:
         struct.pack_into("<q", self._map, 8 * FIELDS.index(field), value)

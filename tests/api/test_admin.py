@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers import ADMIN, new_tenant, deploy, wat
+from tests.helpers import ADMIN, deploy, new_tenant, wat
 
 QUOTA = {
     "gpu_memory_bytes": 64 * 1024 * 1024,

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from app.services.principal import QUOTA_BOUNDS
 from app.db.models import Function
+from app.services.principal import QUOTA_BOUNDS
 from tests.helpers import ADMIN, deploy, new_tenant, wat
 
 

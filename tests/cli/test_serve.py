@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
+from app.settings import Settings
 from tests.helpers import ADMIN, ADMIN_TOKEN, server_process
 
 
@@ -30,12 +31,13 @@ def test_start_line_and_ctrl_c(database_url: str, tmp_path: Path) -> None:
     (line,) = [x for x in log.splitlines() if "serving: backend" in x]
     backend = os.environ.get("TENSORWASM_TEST_BACKEND", "cpu")
     assert f"serving: backend {backend}, device(s) " in line and line.endswith(f", database {shown}")
+    assert f"{Settings().processes} front(s)" in line  # the product default: one per core, up to 8
     if backend == "cpu":
         assert "device(s) cpu," in line
 
 
 def test_start_line_hides_the_database_password(tmp_path: Path) -> None:
-    from app.main import describe_database
+    from app.node.startup import describe_database
 
     shown = describe_database("postgresql+psycopg://tw:s3cret@db.example:5432/tw")
     assert "s3cret" not in shown and shown == "postgresql+psycopg://tw:***@db.example:5432/tw"

@@ -3,7 +3,7 @@ no zone) and on PostgreSQL (which answers in the session's zone)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 from sqlalchemy import select, text
 
@@ -38,7 +38,7 @@ async def test_timestamps_read_back_aware_and_in_utc(database_url: str) -> None:
             for value in (got.created_at, got.updated_at, inv.started_at):
                 assert value.tzinfo is not None and value.utcoffset() == timedelta(0)
             assert got.created_at == written and got.created_at.hour == 12
-            assert inv.started_at == datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+            assert inv.started_at == datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
             await session.delete(got)
             await session.commit()
     finally:

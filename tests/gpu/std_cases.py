@@ -60,7 +60,8 @@ def case(name: str, rng: np.random.Generator, n: int) -> Case:
     if name == "softmax_rows_f32":
         rows, cols = n, max(1, (n * 7) % 97 + 1)
         x = (rng.standard_normal((rows, cols)) * 5).astype(np.float32)
-        req = request(name, [Buf(4 * rows * cols, f32(x)), Buf(4 * rows * cols)], [rec_buf(0), rec_buf(1), rec_i32(rows), rec_i32(cols)], [1], blocks(rows * cols))
+        bufs = [Buf(4 * rows * cols, f32(x)), Buf(4 * rows * cols)]
+        req = request(name, bufs, [rec_buf(0), rec_buf(1), rec_i32(rows), rec_i32(cols)], [1], blocks(rows * cols))
         e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
         return req, lambda out: _check(out, (e / e.sum(axis=1, keepdims=True)).astype(np.float32), rtol=1e-4, atol=1e-6)
     raise KeyError(name)

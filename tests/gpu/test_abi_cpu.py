@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from app.kernels.std_numpy import STD
-from tests.helpers import ADMIN, deploy, new_tenant
 from tests.gpu.runner import Buf, abi_code, f32, rec_buf, rec_f32, rec_i32, request
 from tests.gpu.std_cases import case
+from tests.helpers import ADMIN, deploy, new_tenant
 
 CAP = 1 << 20
 

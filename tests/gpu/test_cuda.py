@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from app.kernels.std_numpy import STD
-from tests.helpers import ADMIN, deploy, make_settings, new_tenant, running_app
 from tests.gpu.runner import Buf, abi_code, f32, rec_buf, rec_f32, rec_i32, request
 from tests.gpu.std_cases import case
+from tests.helpers import ADMIN, deploy, make_settings, new_tenant, running_app
 
 pytestmark = pytest.mark.gpu
 CAP = 256 << 20
@@ -97,7 +97,8 @@ async def test_ptx_module_and_compile_errors(gpu, c_guest) -> None:
     ptx = nvrtc.getPTX(prog)
     nvrtc.destroyProgram(prog)
     x = np.arange(100, dtype=np.float32)
-    req = request("sq", [Buf(400, f32(x))], [rec_buf(0), rec_i32(100)], [0], grid=(1, 1, 1), block=(128, 1, 1), module=ptx.encode() if isinstance(ptx, str) else ptx, kind=2)
+    module = ptx.encode() if isinstance(ptx, str) else ptx
+    req = request("sq", [Buf(400, f32(x))], [rec_buf(0), rec_i32(100)], [0], grid=(1, 1, 1), block=(128, 1, 1), module=module, kind=2)
     r = await run(client, key, req)
     assert r.status_code == 200, r.text
     np.testing.assert_array_equal(np.frombuffer(r.content, dtype=np.float32), x * x)
@@ -136,7 +137,8 @@ async def test_wild_pointer_fails_only_its_call(gpu, c_guest) -> None:
     bad = await _tenant(client, c_guest)
     good = await _tenant(client, c_guest)
     x = np.ones(1000, dtype=np.float32)
-    good_req = request("vector_add_f32", [Buf(4000, f32(x)), Buf(4000, f32(x)), Buf(4000)], [rec_buf(0), rec_buf(1), rec_buf(2), rec_i32(1000)], [2], grid=(4, 1, 1))
+    good_bufs = [Buf(4000, f32(x)), Buf(4000, f32(x)), Buf(4000)]
+    good_req = request("vector_add_f32", good_bufs, [rec_buf(0), rec_buf(1), rec_buf(2), rec_i32(1000)], [2], grid=(4, 1, 1))
     assert (await run(client, good, good_req)).status_code == 200
     assert (await run(client, bad, good_req)).status_code == 200
     restarts = platform.scheduler.restarts["device_error"]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from app.bench.node import server, setup_tenant
-from tests.helpers import wat
 from tests.gpu.runner import Buf, rec_buf, rec_f32, rec_i32, request
+from tests.helpers import wat
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
@@ -52,7 +52,12 @@ def test_every_dashboard_query_returns_data(tmp_path: Path, c_guest) -> None:
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
         prom_port = _port()
         prom = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+            [
+                PROMETHEUS,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -4,13 +4,14 @@ cancel, listing, retention, and the restart/lease rules of the queue (both datab
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 
-from app.db.models import Invocation, utcnow
 from app.db.migrate import upgrade
+from app.db.models import Invocation, utcnow
 from tests.helpers import ADMIN, deploy, fresh_database, make_settings, new_tenant, running_app, wat
 
 
@@ -117,7 +118,8 @@ async def test_max_queued_is_429_and_usage_counts(client: httpx.AsyncClient) -> 
         r = await client.post(f"/v1/invocations/{inv}/cancel", headers=key)
         assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["started_at"] is None
     # room again
-    assert (await client.put(f"/v1/admin/tenants/{tid}/quota", json={"max_queued": 0, "max_concurrency": 1, "timeout_ms": 20_000}, headers=ADMIN)).status_code == 200
+    quota = {"max_queued": 0, "max_concurrency": 1, "timeout_ms": 20_000}
+    assert (await client.put(f"/v1/admin/tenants/{tid}/quota", json=quota, headers=ADMIN)).status_code == 200
     r = await submit(client, key, "loop")
     assert r.status_code == 429
     # a running one: stopped, cancelled, its worker replaced; the tenant's next call works
@@ -139,7 +141,7 @@ async def test_queued_work_is_fifo_and_within_concurrency(client: httpx.AsyncCli
     recs = [await wait_status(client, key, i, "succeeded") for i in ids]
     starts = [r["started_at"] for r in recs]
     assert starts == sorted(starts)
-    for a, b in zip(recs, recs[1:]):  # one at a time: each started after the previous ended
+    for a, b in itertools.pairwise(recs):  # one at a time: each started after the previous ended
         assert b["started_at"] >= a["ended_at"]
 
 
@@ -179,7 +181,10 @@ async def test_output_expires_after_retention_and_sweep(client: httpx.AsyncClien
     await deploy(client, key, "echo", wat("echo"))
     inv = (await submit(client, key, "echo", b"keep me")).json()["id"]
     await wait_status(client, key, inv, "succeeded")
-    later = lambda: utcnow() + timedelta(seconds=platform.settings.output_retention_s + 1)
+
+    def later() -> datetime:
+        return utcnow() + timedelta(seconds=platform.settings.output_retention_s + 1)
+
     real_q, real_r = platform.queue.clock, platform.queue_runner.clock
     platform.queue.clock = later
     try:

@@ -44,7 +44,10 @@ def test_kill_9_then_restart_runs_queued_and_interrupts_running(tmp_path: Path) 
     node = Node(url, data).start()
     try:
         _, key = setup_tenant(node, max_concurrency=1, timeout_ms=5_000)
-        submit = lambda fn, body=b"": httpx.post(f"{node.url}/v1/functions/{fn}/invocations", content=body, headers=key, timeout=10)
+
+        def submit(fn: str, body: bytes = b"") -> httpx.Response:
+            return httpx.post(f"{node.url}/v1/functions/{fn}/invocations", content=body, headers=key, timeout=10)
+
         running = submit("write_then_spin").json()["id"]
         wait_for(node, key, running, "running")
         queued = {submit("echo", f"job {i}".encode()).json()["id"]: f"job {i}".encode() for i in range(3)}

@@ -1,16 +1,16 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from app.services.invocations import InvocationRecorder
+from app.services.records import InvocationRecorder
 from tests.helpers import new_tenant
 
 
 async def test_a_record_of_a_deleted_tenant_does_not_block_the_batch(client, platform) -> None:
     tid, _ = await new_tenant(client)
     rec = InvocationRecorder(platform.sessionmaker, 60, 1000)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     base = {"function": "f", "version": 1, "status": "succeeded", "started_at": now, "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None}
     rec.record({**base, "id": "a" * 32, "tenant_id": tid})
     rec.record({**base, "id": "b" * 32, "tenant_id": "gone-tenant"})
@@ -39,7 +39,7 @@ async def test_stop_lets_a_flush_in_progress_finish_and_loses_no_record(client, 
     monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
     rec = InvocationRecorder(platform.sessionmaker, 0.01, 1000)
     rec.start()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     base = {"function": "f", "version": 1, "status": "succeeded", "started_at": now, "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None}
     ids = [f"{i:032x}" for i in range(5)]
     for i in ids[:3]:
@@ -55,7 +55,7 @@ async def test_stop_lets_a_flush_in_progress_finish_and_loses_no_record(client, 
 
 async def test_records_of_different_shapes_in_one_batch(database_url: str) -> None:
     """Synchronous and streamed call records carry different columns and share a batch."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from app.db.models import Tenant
     from app.db.repositories.invocations import InvocationRepository
@@ -63,7 +63,7 @@ async def test_records_of_different_shapes_in_one_batch(database_url: str) -> No
 
     engine = create_engine_for(database_url)
     sm = create_sessionmaker(engine)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     tid = uuid.uuid4().hex
     async with sm() as s:
         s.add(Tenant(id=tid, name=f"shapes-{tid[:8]}", gpu_memory_bytes=0, max_concurrency=1, requests_per_second=1.0,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.api.errors import ApiError
-from app.services.invocations import FunctionCache
+from app.services.function_cache import FunctionCache
 from tests.helpers import deploy, new_tenant, wat
 
 

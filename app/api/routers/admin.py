@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
@@ -8,6 +9,7 @@ from app.api.body import LimitedBodyRoute
 from app.api.deps import AdminDep, PlatformDep, SessionDep
 from app.api.errors import error_responses
 from app.api.schemas import ID_PATTERN, ApiKeyCreated, ApiKeyOut, Quota, QuotaUpdate, TenantCreate, TenantOut, TenantUpdate, WorkerOut
+from app.contract.messages import ChangeKind
 from app.db.models import Tenant
 from app.services.api_keys import ApiKeyService
 from app.services.principal import TenantQuota
@@ -27,7 +29,7 @@ def tenant_out(t: Tenant) -> TenantOut:
         id=t.id,
         name=t.name,
         disabled=t.disabled,
-        quota=Quota(**TenantQuota.of(t).as_dict()),
+        quota=Quota.model_validate(TenantQuota.of(t).as_dict()),
         created_at=t.created_at,
         updated_at=t.updated_at,
     )
@@ -54,7 +56,7 @@ async def get_tenant(tenant_id: TenantId, session: SessionDep, platform: Platfor
 async def update_tenant(tenant_id: TenantId, body: TenantUpdate, session: SessionDep, platform: PlatformDep) -> TenantOut:
     tenant = await TenantService(session, platform.settings).update(tenant_id, body)
     await session.commit()
-    platform.tenant_changed(tenant_id)
+    await platform.tenant_changed(tenant_id)
     return tenant_out(tenant)
 
 
@@ -63,7 +65,7 @@ async def delete_tenant(tenant_id: TenantId, session: SessionDep, platform: Plat
     await platform.recorder.flush()  # its pending records reference the tenant
     await TenantService(session, platform.settings).delete(tenant_id)
     await session.commit()
-    platform.tenant_changed(tenant_id)
+    await platform.tenant_changed(tenant_id)
     return Response(status_code=204)
 
 
@@ -77,7 +79,7 @@ async def replace_quota(tenant_id: TenantId, body: QuotaUpdate, session: Session
     """Replace the whole quota: omitted fields take the platform defaults."""
     tenant = await TenantService(session, platform.settings).replace_quota(tenant_id, body)
     await session.commit()
-    platform.tenant_changed(tenant_id)
+    await platform.tenant_changed(tenant_id)
     return tenant_out(tenant).quota
 
 
@@ -86,11 +88,17 @@ async def update_quota(tenant_id: TenantId, body: QuotaUpdate, session: SessionD
     """Change only the fields given; the others keep their values."""
     tenant = await TenantService(session, platform.settings).update_quota(tenant_id, body)
     await session.commit()
-    platform.tenant_changed(tenant_id)
+    await platform.tenant_changed(tenant_id)
     return tenant_out(tenant).quota
 
 
-@router.post("/tenants/{tenant_id}/api-keys", status_code=201, operation_id="create_api_key", response_model=ApiKeyCreated, responses=error_responses(*_AUTH, 404, 409, 422, s409="the tenant is disabled"))
+@router.post(
+    "/tenants/{tenant_id}/api-keys",
+    status_code=201,
+    operation_id="create_api_key",
+    response_model=ApiKeyCreated,
+    responses=error_responses(*_AUTH, 404, 409, 422, s409="the tenant is disabled"),
+)
 async def create_api_key(tenant_id: TenantId, session: SessionDep, platform: PlatformDep) -> ApiKeyCreated:
     await TenantService(session, platform.settings).get(tenant_id)
     row, key = await ApiKeyService(session).create(tenant_id)
@@ -112,26 +120,25 @@ async def revoke_api_key(tenant_id: TenantId, key_id: KeyId, session: SessionDep
     await ApiKeyService(session).revoke(tenant_id, key_id)
     await session.commit()
     platform.auth_cache.clear()
+    await platform.changed(ChangeKind.KEYS, tenant_id)
     return Response(status_code=204)
 
 
 @router.get("/workers", operation_id="list_workers", response_model=list[WorkerOut], responses=error_responses(*_AUTH))
 async def list_workers(platform: PlatformDep) -> list[WorkerOut]:
-    out = []
-    for w in platform.scheduler.workers:
-        live = w.live_stats()
-        out.append(
-            WorkerOut(
-                id=w.id,
-                pid=w.pid,
-                state=w.state,
-                backend=w.backend,
-                tenant_id=w.tenant_id,
-                tenant=w.tenant_name,
-                gpu_bytes_in_use=live.get("gpu_bytes_in_use", 0),
-                gpu_bytes_cap=w.gpu_cap,
-                invocations=w.invocations,
-                started_at=w.started_at,
-            )
+    return [
+        WorkerOut(
+            id=w.id,
+            pid=w.pid,
+            state=w.state,
+            backend=w.backend,
+            device=w.device,
+            tenant_id=w.tenant_id,
+            tenant=w.tenant,
+            gpu_bytes_in_use=w.gpu_bytes_in_use,
+            gpu_bytes_cap=w.gpu_bytes_cap,
+            invocations=w.invocations,
+            started_at=datetime.fromisoformat(w.started_at),
         )
-    return out
+        for w in await platform.node.workers()
+    ]

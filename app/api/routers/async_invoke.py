@@ -46,7 +46,7 @@ async def submit_invocation(
         tenant, name, body, request.url.query, request.headers.get("content-type", ""), idempotency_key
     )
     if done.created:
-        platform.queue_runner.wake()
+        platform.queued(tenant.id)
     inv = done.invocation
     return JSONResponse(
         status_code=202,

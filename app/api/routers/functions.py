@@ -11,6 +11,7 @@ from app.api.deps import PlatformDep, SessionDep, TenantDep
 from app.api.errors import ApiError, error_responses
 from app.api.media import MAX_MEDIA_TYPE_LENGTH, MEDIA_TYPE_PATTERN, is_media_type
 from app.api.schemas import NAME_PATTERN, FunctionOut, FunctionVersionOut
+from app.contract.messages import ChangeKind
 from app.db.models import Function
 from app.db.repositories.functions import FunctionRepository
 from app.services.functions import FunctionService, FunctionSettings
@@ -78,7 +79,11 @@ def _parse_env(items: list[str] | None) -> dict[str, str] | None:
     responses={
         200: {"description": "a new version (or unchanged bytes)"},
         201: {"description": "created", "model": FunctionOut},
-        **error_responses(400, 401, 403, 413, 415, 422, s403="wrong kind of credentials, a disabled tenant, or the function quota reached", s422="invalid module, query or name"),
+        **error_responses(
+            400, 401, 403, 413, 415, 422,
+            s403="wrong kind of credentials, a disabled tenant, or the function quota reached",
+            s422="invalid module, query or name",
+        ),
     },
     openapi_extra={
         "requestBody": {
@@ -120,6 +125,7 @@ async def deploy_function(
     await session.commit()
     platform.function_cache.remember(tenant.id, platform.function_cache.meta_for(result.function, result.sha256))
     await platform.function_cache.kernels(tenant.id)  # warm too: a first call often follows a deploy
+    await platform.changed(ChangeKind.FUNCTION, tenant.id, name)
     return JSONResponse(status_code=201 if result.created else 200, content=out.model_dump(mode="json"))
 
 
@@ -140,4 +146,5 @@ async def delete_function(name: NameParam, tenant: TenantDep, session: SessionDe
     await FunctionService(session, tenant).delete(name)
     await session.commit()
     platform.function_cache.drop(tenant.id, name)
+    await platform.changed(ChangeKind.FUNCTION, tenant.id, name)
     return Response(status_code=204)

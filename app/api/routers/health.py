@@ -2,14 +2,15 @@ from __future__ import annotations
 
 import hmac
 
+import msgspec
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from app.api.deps import PlatformDep
 from app.api.errors import ApiError, error_responses
-from app.api.schemas import Health
+from app.api.schemas import DeviceOut, Health, Ready
 
 router = APIRouter(tags=["ops"])
 
@@ -19,7 +20,12 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", operation_id="readyz", response_model=Health, responses={503: {"model": Health, "description": "the database or the workers are not ready"}})
+@router.get(
+    "/readyz",
+    operation_id="readyz",
+    response_model=Ready,
+    responses={503: {"model": Ready, "description": "the database or the workers are not ready"}},
+)
 async def readyz(platform: PlatformDep) -> JSONResponse:
     detail: dict[str, object] = {}
     ok = True
@@ -30,10 +36,14 @@ async def readyz(platform: PlatformDep) -> JSONResponse:
     except Exception as exc:
         ok = False
         detail["database"] = f"unreachable: {type(exc).__name__}"
-    workers = platform.scheduler.ready()
+    readiness = await platform.node.readiness()  # a worker ready, and some device not backing off
+    workers = readiness.workers
     detail["workers"] = "ok" if workers else "none ready"
+    detail["devices"] = "ok" if readiness.devices_usable else "every device is backing off after failed starts"
     ok = ok and workers
-    return JSONResponse(status_code=200 if ok else 503, content=Health(status="ok" if ok else "unavailable", detail=detail).model_dump())
+    devices = [DeviceOut.model_validate(msgspec.structs.asdict(d)) for d in readiness.devices]
+    body = Ready(status="ok" if ok else "unavailable", detail=detail, devices=devices)
+    return JSONResponse(status_code=200 if ok else 503, content=body.model_dump())
 
 
 @router.get(
@@ -51,4 +61,4 @@ async def metrics(request: Request, platform: PlatformDep) -> Response:
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             raise ApiError(401, "unauthorized", "send `Authorization: Bearer <metrics token>`", {"WWW-Authenticate": "Bearer"})
-    return Response(generate_latest(platform.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(platform.metrics.render() + await platform.node.metrics_text(), media_type=CONTENT_TYPE_LATEST)

@@ -28,7 +28,7 @@ def invocation_out(i: Invocation) -> InvocationOut:
         version=i.version,
         mode=InvocationMode(i.mode or InvocationMode.SYNC),
         status=InvocationStatus(i.status),
-        created_at=i.created_at or i.started_at,
+        created_at=i.created_at,
         started_at=i.started_at,
         ended_at=i.ended_at,
         duration_ms=i.duration_ms,
@@ -62,7 +62,7 @@ async def get_invocation(invocation_id: InvocationId, tenant: TenantDep, session
     repo = InvocationRepository(session, tenant.id)
     inv = await repo.get(invocation_id)
     if inv is None:
-        await platform.recorder.flush()  # synchronous records are batched; make this one visible
+        await platform.flush_records()  # synchronous records are batched; make this one visible
         inv = await repo.get(invocation_id)
     if inv is None:
         raise not_found("invocation")
@@ -86,7 +86,7 @@ async def list_invocations(
 ) -> InvocationPage:
     """Newest first."""
     after = _decode_cursor(cursor) if cursor else None
-    await platform.recorder.flush()
+    await platform.flush_records()
     rows = await InvocationRepository(session, tenant.id).list(function, limit + 1, status.value if status else None, after)
     items = rows[:limit]
     return InvocationPage(
@@ -128,4 +128,4 @@ async def get_invocation_output(invocation_id: InvocationId, tenant: TenantDep, 
 async def cancel_invocation(invocation_id: InvocationId, tenant: TenantDep, platform: PlatformDep) -> InvocationOut:
     """A queued invocation is cancelled and never runs; a running one is stopped (its worker is
     replaced) and the reply comes once it ended."""
-    return invocation_out(await platform.queue.cancel(tenant, invocation_id, platform.queue_runner.stop_local))
+    return invocation_out(await platform.queue.cancel(tenant, invocation_id, lambda i: platform.stop_async(tenant.id, i)))

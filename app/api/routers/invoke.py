@@ -15,9 +15,9 @@ from app.api.deps import TENANT_SECURITY, authenticate_tenant
 from app.api.errors import CLIENT_CLOSED, error_responses
 from app.api.media import safe_media_type
 from app.api.routers.functions import NameParam
+from app.api.routers.stream import invoke_streaming, stream_kind
 from app.platform import Platform
 from app.services.invocations import InvokeService
-from app.api.routers.stream import invoke_streaming, stream_kind
 
 router = APIRouter(prefix="/v1/functions", tags=["functions"])
 
@@ -50,9 +50,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
     stream = stream_kind(request)
     if stream is not None:
         return await invoke_streaming(platform, tenant, name, body, request, stream)
-    service = InvokeService(
-        platform.settings, platform.function_cache, platform.scheduler, platform.recorder, platform.metrics, platform.tracing
-    )
+    service = InvokeService(platform.executor, platform.recorder)
     call = asyncio.current_task()
     assert call is not None
     watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
@@ -67,7 +65,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
         return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
     finally:
         watcher.cancel()
-    headers = {"X-Invocation-Id": outcome.invocation_id, **(outcome.headers or {})}
+    headers = {"X-Invocation-Id": outcome.invocation_id}
     if outcome.error is not None:
         return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
     return Response(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)

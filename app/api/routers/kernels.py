@@ -8,6 +8,7 @@ from app.api.deps import PlatformDep, SessionDep, TenantDep
 from app.api.errors import ApiError, error_responses
 from app.api.routers.functions import NameParam
 from app.api.schemas import KernelOut
+from app.contract.messages import ChangeKind
 from app.db.models import Kernel
 from app.services.kernels import KernelService
 
@@ -46,10 +47,11 @@ async def put_kernel(name: NameParam, request: Request, tenant: TenantDep, sessi
     raw = await read_limited(request, MAX_SOURCE_BYTES, "the kernel source")
     if b"\x00" in raw:  # neither CUDA source nor a database text column holds NUL
         raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text without NUL bytes")
-    arch = next((w.device.get("compute_capability") for w in platform.scheduler.workers if w.backend == "cuda"), None)
+    arch = next((w.compute_capability for w in await platform.node.workers() if w.backend == "cuda"), None)
     kernel, created = await KernelService(session, tenant).put(name, raw, arch or None, platform.compiler)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
+    await platform.changed(ChangeKind.KERNELS, tenant.id)
     return JSONResponse(status_code=201 if created else 200, content=kernel_out(kernel).model_dump(mode="json"))
 
 
@@ -68,4 +70,5 @@ async def delete_kernel(name: NameParam, tenant: TenantDep, session: SessionDep,
     await KernelService(session, tenant).delete(name)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
+    await platform.changed(ChangeKind.KERNELS, tenant.id)
     return Response(status_code=204)

@@ -6,10 +6,8 @@ from typing import Literal
 
 from fastapi import Request, Response
 
-from app.api.errors import ApiError
 from app.api.streaming import DisconnectAwareStream
 from app.platform import Platform
-from app.scheduler.scheduler import NoCapacity, Rejected
 from app.services.principal import TenantPrincipal
 from app.services.streaming import StreamCall, sse
 
@@ -28,12 +26,7 @@ async def invoke_streaming(
     platform: Platform, tenant: TenantPrincipal, name: str, body: bytes, request: Request, kind: StreamKind
 ) -> Response:
     call = StreamCall(platform.executor, platform.recorder, tenant, name)
-    try:
-        await call.start(body, request.url.query, request.headers.get("content-type", ""))
-    except Rejected as exc:
-        raise ApiError(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)}) from None
-    except NoCapacity as exc:
-        raise ApiError(503, "no_capacity", f"{exc}; retry later", {"Retry-After": "1"}) from None
+    await call.start(body, request.url.query, request.headers.get("content-type", ""))  # refusals: the error handlers
     headers = {"X-Invocation-Id": call.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if kind == "sse":
         return DisconnectAwareStream(sse(call), media_type="text/event-stream", headers=headers)

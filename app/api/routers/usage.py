@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 from fastapi import APIRouter
 
 from app.api.deps import PlatformDep, SessionDep, TenantDep
@@ -15,11 +16,11 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
 @router.get("", operation_id="get_usage", response_model=UsageOut, responses=error_responses(401, 403))
 async def get_usage(tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> UsageOut:
-    live = platform.scheduler.tenant_usage(tenant.id)
+    live = msgspec.structs.asdict(await platform.node.usage(tenant.id))
     invocations = InvocationRepository(session, tenant.id)
     return UsageOut(
         tenant=tenant.name,
-        quota=Quota(**tenant.quota.as_dict()),
+        quota=Quota.model_validate(tenant.quota.as_dict()),
         functions=await FunctionRepository(session, tenant.id).count(),
         kernels=await KernelRepository(session, tenant.id).count(),
         async_queued=await invocations.count_async(InvocationStatus.QUEUED),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Function, FunctionVersion
@@ -15,7 +15,7 @@ class FunctionRepository:
         self.session = session
         self.tenant_id = tenant_id
 
-    def _functions(self):  # type: ignore[no-untyped-def]
+    def _functions(self) -> Select[Function]:
         return select(Function).where(Function.tenant_id == self.tenant_id)
 
     async def list(self) -> Sequence[Function]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import Table, and_, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Invocation, Tenant
@@ -82,20 +83,21 @@ class InvocationRepository:
         )
         return res.rowcount == 1  # type: ignore[attr-defined]
 
-    async def insert_many(self, rows: list[dict[str, Any]]) -> None:
+    async def insert_many(self, rows: builtins.list[dict[str, Any]]) -> None:
         """Batch insert from the recorder (rows already carry their tenant_id)."""
         # Core executemany (the ORM bulk path costs ~10x more per row), one per shape of row:
         # records of synchronous and streamed calls carry different columns
-        groups: dict[frozenset[str], list[dict[str, Any]]] = {}
+        groups: dict[frozenset[str], builtins.list[dict[str, Any]]] = {}
         for row in rows:
             groups.setdefault(frozenset(row), []).append(row)
         for group in groups.values():
-            await self.session.execute(insert(Invocation.__table__), group)
+            # a mapped class's __table__ is typed as any FromClause; declaratively it is a Table
+            await self.session.execute(insert(cast(Table, Invocation.__table__)), group)
 
     # -- the queue (node-wide, no tenant scope) ---------------------------------------------------
     async def claim(
         self, node_id: str, now: datetime, lease_until: datetime, limit: int, skip_tenants: Sequence[str]
-    ) -> list[Invocation]:
+    ) -> builtins.list[Invocation]:
         """Take up to `limit` of the oldest queued invocations for this node.
 
         PostgreSQL: `FOR UPDATE SKIP LOCKED`, so nodes claiming at once never take the same row.
@@ -105,7 +107,7 @@ class InvocationRepository:
         if skip_tenants:
             q = q.where(Invocation.tenant_id.not_in(list(skip_tenants)))
         q = q.order_by(Invocation.created_at, Invocation.id).limit(limit)
-        if self.session.bind.dialect.name == "postgresql":
+        if self.session.get_bind().dialect.name == "postgresql":
             q = q.with_for_update(skip_locked=True)
         ids = list((await self.session.scalars(q)).all())
         if not ids:
@@ -132,7 +134,7 @@ class InvocationRepository:
         )
         return res.rowcount == 1  # type: ignore[attr-defined]
 
-    async def renew(self, node_id: str, ids: Sequence[str], lease_until: datetime) -> list[str]:
+    async def renew(self, node_id: str, ids: Sequence[str], lease_until: datetime) -> builtins.list[str]:
         """Extend this node's leases; returns the ids whose cancel was asked meanwhile."""
         if not ids:
             return []

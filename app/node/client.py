@@ -1,0 +1,313 @@
+"""A front's side of the node: the scheduler's interface over the supervisor's socket, and the
+front's own connections to leased workers (a call's bytes never pass through the supervisor)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from app.contract.errors import NoCapacity, Rejected, SupervisorGone
+from app.contract.frames import ProtocolError, encode, read_frame_async
+from app.contract.messages import (
+    Changed,
+    ChangeKind,
+    Chunk,
+    CompileDone,
+    CompileSlot,
+    Granted,
+    Hello,
+    LeaseRequest,
+    NodeMessage,
+    Outcome,
+    Principal,
+    Quota,
+    RateCheck,
+    RateOk,
+    Readiness,
+    Refusal,
+    RefusalKind,
+    ReleaseLease,
+    Run,
+    SlotGranted,
+    Usage,
+    View,
+    ViewKind,
+    ViewReply,
+    WorkerInfo,
+    WorkerMessage,
+)
+from app.node.ipc import pack, read_message
+from app.services.principal import TenantPrincipal
+from app.worker.client import WorkerLost
+
+log = logging.getLogger(__name__)
+
+# applies a change from another front; what it returns (a flush) is awaited before answering
+ChangeHandler = Callable[[ChangeKind, str, str], Awaitable[None] | None]
+
+_POOL_LIMIT = 256  # idle worker connections kept; those of retired workers age out
+
+
+def principal_of(p: TenantPrincipal) -> Principal:
+    q = p.quota
+    return Principal(
+        p.id,
+        p.name,
+        Quota(**q.as_dict()),  # type: ignore[arg-type]
+    )
+
+
+@dataclass
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+@dataclass(eq=False)
+class RemoteLease:
+    """A worker leased by the supervisor; this front talks to it over its unix socket."""
+
+    client: SupervisorClient
+    grant: Granted
+    conn: _Conn | None = field(default=None)
+
+    @property
+    def kernels_version(self) -> str:
+        return self.grant.kernels_version
+
+    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
+        run.lease = self.grant.token
+        try:
+            self.conn = conn = await self.client.worker_conn(self.grant)
+            conn.writer.writelines(encode(run, body))
+            await conn.writer.drain()
+            while True:
+                msg, out = await read_frame_async(conn.reader)
+                if not isinstance(msg, Chunk):
+                    return msg, out
+                if on_chunk is not None:
+                    on_chunk(out)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError) as exc:
+            raise WorkerLost(f"worker {self.grant.worker_id}: {exc}") from exc
+
+
+class SupervisorClient:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[NodeMessage]] = {}
+        self._ids = itertools.count(1)
+        self._pool: dict[str, list[_Conn]] = {}
+        self._on_change: ChangeHandler | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._principals: dict[int, tuple[TenantPrincipal, Principal]] = {}
+
+    # -- connection -----------------------------------------------------------------------------
+    async def connect(self, on_change: ChangeHandler | None = None, front: int = 0) -> None:
+        import os
+
+        self._on_change = on_change
+        reader, self._writer = await asyncio.open_unix_connection(self.path, limit=1 << 20)
+        self._writer.write(pack(Hello(front=front, pid=os.getpid())))
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
+        if self._writer is not None:
+            self._writer.close()
+        for conns in self._pool.values():
+            for c in conns:
+                c.close()
+        self._pool.clear()
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                msg = await read_message(reader)
+                if isinstance(msg, Changed):
+                    self._apply(msg)
+                    continue
+                req = getattr(msg, "req", None)
+                fut = self._pending.pop(req, None) if req is not None else None
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                else:
+                    self._hand_back(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+            log.error("lost the supervisor's connection: %s", exc)
+        finally:
+            self._writer = None
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(SupervisorGone("this node's supervisor is gone"))
+            self._pending.clear()
+
+    def _apply(self, msg: Changed) -> None:
+        """Apply a change from another front; answer its token once done (a flush: once written)."""
+        pending = self._on_change(msg.kind, msg.tenant_id, msg.name) if self._on_change is not None else None
+        if not msg.token:
+            return
+        if pending is None:
+            self._applied(msg.token)
+            return
+        task = asyncio.ensure_future(pending)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Future[None]) -> None:
+            self._tasks.discard(t)
+            self._applied(msg.token)
+
+        task.add_done_callback(done)
+
+    def _applied(self, token: str) -> None:
+        with contextlib.suppress(SupervisorGone):
+            self._send(Changed(ChangeKind.APPLIED, token=token))
+
+    def _send(self, msg: NodeMessage) -> None:
+        if self._writer is None:
+            raise SupervisorGone("this node's supervisor is gone")
+        self._writer.write(pack(msg))  # small messages: the socket buffer takes them at once
+
+    async def _ask(self, build: Callable[[int], NodeMessage]) -> NodeMessage:
+        req = next(self._ids)
+        fut: asyncio.Future[NodeMessage] = asyncio.get_running_loop().create_future()
+        self._pending[req] = fut
+        try:
+            self._send(build(req))
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._hand_back(fut.result())  # granted as its caller went away
+            raise
+        finally:
+            self._pending.pop(req, None)
+
+    def _hand_back(self, msg: NodeMessage) -> None:
+        """A lease or compile slot granted to a caller that went away while it waited: return it
+        unused, so the supervisor does not hold it to a deadline."""
+        if isinstance(msg, Granted):
+            self._send(ReleaseLease(msg.lease_id, Outcome.UNUSED, msg.kernels_version))
+        elif isinstance(msg, SlotGranted):
+            self._send(CompileDone(msg.tenant_id))
+
+    def _principal(self, p: TenantPrincipal) -> Principal:
+        hit = self._principals.get(id(p))
+        if hit is not None and hit[0] is p:
+            return hit[1]
+        if len(self._principals) > 10_000:
+            self._principals.clear()
+        msg = principal_of(p)
+        self._principals[id(p)] = (p, msg)
+        return msg
+
+    @staticmethod
+    def _refused(msg: NodeMessage) -> Exception:
+        if isinstance(msg, Refusal):
+            if msg.kind == RefusalKind.REJECTED:
+                return Rejected(msg.reason, msg.message, msg.retry_after)
+            return NoCapacity(msg.message)
+        return SupervisorGone(f"the supervisor answered {type(msg).__name__}")
+
+    # -- NodePort -------------------------------------------------------------------------------
+    async def lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> RemoteLease:
+        p = self._principal(principal)
+        msg = await self._ask(lambda req: LeaseRequest(req, p, hard_timeout_s, check_rate, traceparent))
+        if not isinstance(msg, Granted):
+            raise self._refused(msg)
+        return RemoteLease(self, msg)
+
+    def release(self, lease: object, outcome: Outcome, kernels_version: str) -> None:
+        assert isinstance(lease, RemoteLease)
+        conn, lease.conn = lease.conn, None
+        if conn is not None:
+            if outcome == Outcome.OK:
+                self._park(lease.grant.worker_id, conn)
+            else:  # the worker is being replaced, or its reply is still on the way
+                conn.close()
+        with contextlib.suppress(SupervisorGone):
+            self._send(ReleaseLease(lease.grant.lease_id, outcome, kernels_version))
+
+    async def check_rate(self, principal: TenantPrincipal) -> None:
+        p = self._principal(principal)
+        msg = await self._ask(lambda req: RateCheck(req, p))
+        if not isinstance(msg, RateOk):
+            raise self._refused(msg)
+
+    async def _view(self, kind: ViewKind, tenant_id: str = "") -> ViewReply:
+        msg = await self._ask(lambda req: View(req, kind, tenant_id))
+        if not isinstance(msg, ViewReply):
+            raise self._refused(msg)
+        return msg
+
+    async def usage(self, tenant_id: str) -> Usage:
+        reply = await self._view(ViewKind.USAGE, tenant_id)
+        assert reply.usage is not None
+        return reply.usage
+
+    async def workers(self) -> list[WorkerInfo]:
+        return (await self._view(ViewKind.WORKERS)).workers or []
+
+    async def readiness(self) -> Readiness:
+        try:
+            reply = (await self._view(ViewKind.READY)).readiness
+        except SupervisorGone:
+            reply = None
+        return reply or Readiness(workers=False, devices_usable=False, devices=[])
+
+    async def flush_records(self) -> None:
+        await self.publish(ChangeKind.FLUSH, "")
+
+    async def metrics_text(self) -> bytes:
+        return (await self._view(ViewKind.METRICS)).metrics
+
+    def announce(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        with contextlib.suppress(SupervisorGone):
+            self._send(Changed(kind, tenant_id, name))
+
+    async def publish(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        with contextlib.suppress(SupervisorGone):
+            await self._ask(lambda req: Changed(kind, tenant_id, name, req=req))
+
+    # -- the node's compile limiter ---------------------------------------------------------------
+    @asynccontextmanager
+    async def slot(self, tenant_id: str) -> AsyncIterator[None]:
+        """A compile slot from the supervisor's fair limiter, held while the compile runs."""
+        msg = await self._ask(lambda req: CompileSlot(req, tenant_id))
+        if not isinstance(msg, SlotGranted):
+            raise self._refused(msg)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(SupervisorGone):
+                self._send(CompileDone(tenant_id))
+
+    # -- worker connections ---------------------------------------------------------------------
+    async def worker_conn(self, grant: Granted) -> _Conn:
+        conns = self._pool.get(grant.worker_id)
+        while conns:
+            conn = conns.pop()
+            if not conn.reader.at_eof():
+                return conn
+            conn.close()
+        reader, writer = await asyncio.open_unix_connection(grant.socket, limit=1 << 20)
+        return _Conn(reader, writer)
+
+    def _park(self, worker_id: str, conn: _Conn) -> None:
+        if sum(len(v) for v in self._pool.values()) >= _POOL_LIMIT:
+            oldest = next(iter(self._pool))
+            for c in self._pool.pop(oldest):
+                c.close()
+        self._pool.setdefault(worker_id, []).append(conn)

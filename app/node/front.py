@@ -1,0 +1,50 @@
+"""A front process: uvicorn serving the app on the node's inherited listening socket, asking
+the supervisor for leases (`python -m app.node.front`, started by app/node/supervisor.py).
+
+PROMETHEUS_MULTIPROC_DIR is in this process's environment from its start, so prometheus_client
+counts into the node's shared directory from its first import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True, help="the node's listening socket")
+    ap.add_argument("--ipc", required=True, help="the supervisor's unix socket")
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--parent-pid", type=int, required=True)
+    args = ap.parse_args(argv)
+
+    from app.worker.lifeline import die_with_parent
+
+    die_with_parent(args.parent_pid)  # a front never outlives its supervisor
+
+    import uvicorn
+
+    from app.main import create_app
+    from app.observability.logging import configure_logging
+    from app.settings import get_settings
+
+    settings = get_settings()
+    configure_logging(settings)
+    sock = socket.socket(fileno=args.fd)  # the family (IPv4/IPv6) comes from the socket itself
+    config = uvicorn.Config(
+        create_app(settings, node_socket=args.ipc, front=args.index),
+        log_level=settings.log_level,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    asyncio.run(server.serve(sockets=[sock]))
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

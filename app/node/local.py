@@ -1,0 +1,47 @@
+"""The node of one process: the scheduler runs in the api process and calls go over pipes."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from app.contract.messages import ChangeKind, Outcome, Readiness, Usage, WorkerInfo
+from app.node.port import CallLease
+from app.scheduler.leases import Lease
+from app.scheduler.scheduler import Scheduler
+from app.services.principal import TenantPrincipal
+
+
+class LocalNode:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    async def lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> Lease:
+        return await self.scheduler.lease(principal, check_rate=check_rate)
+
+    def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:
+        self.scheduler.release(cast(Lease, lease), outcome, kernels_version)
+
+    async def check_rate(self, principal: TenantPrincipal) -> None:
+        self.scheduler.check_rate(principal)
+
+    async def usage(self, tenant_id: str) -> Usage:
+        return self.scheduler.usage(tenant_id)
+
+    async def workers(self) -> list[WorkerInfo]:
+        return self.scheduler.worker_infos()
+
+    async def readiness(self) -> Readiness:
+        return self.scheduler.readiness()
+
+    async def flush_records(self) -> None:
+        return None
+
+    async def metrics_text(self) -> bytes:
+        return b""
+
+    def announce(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        return None  # no other front
+
+    async def publish(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        if kind == ChangeKind.TENANT:
+            self.scheduler.tenant_changed(tenant_id)

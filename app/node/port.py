@@ -1,0 +1,57 @@
+"""What the HTTP side needs from the node's scheduler, whether it runs in-process or in the
+supervisor: leases, rate checks, views and admin changes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from app.contract.messages import ChangeKind, Outcome, Readiness, Run, Usage, WorkerInfo, WorkerMessage
+from app.services.principal import TenantPrincipal
+
+
+class CallLease(Protocol):
+    """A worker held for one call."""
+
+    @property
+    def kernels_version(self) -> str: ...
+
+    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
+        """Send the run, return the worker's last frame (a Result) and its body; the Chunk frames
+        of a streamed run go to `on_chunk` as they come. Raises WorkerLost."""
+        ...
+
+
+class NodePort(Protocol):
+    async def lease(
+        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool
+    ) -> CallLease: ...
+
+    def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None: ...
+
+    async def check_rate(self, principal: TenantPrincipal) -> None: ...
+
+    async def usage(self, tenant_id: str) -> Usage: ...
+
+    async def workers(self) -> list[WorkerInfo]: ...
+
+    async def readiness(self) -> Readiness: ...
+
+    async def flush_records(self) -> None:
+        """Every other front of the node writes its batched invocation records (no-op in a
+        one-process node)."""
+        ...
+
+    async def metrics_text(self) -> bytes:
+        """The scheduler's own metric families, in Prometheus text (empty when in-process:
+        then they are in the app's registry)."""
+        ...
+
+    def announce(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        """A hint for every other front (async work queued or cancelled), not waited for."""
+        ...
+
+    async def publish(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        """An admin change made on this front: returns once the scheduler and every other front
+        have applied it (a front that does not answer within 2 s is not waited for)."""
+        ...

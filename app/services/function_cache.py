@@ -1,0 +1,223 @@
+"""Per-front cache of function metadata and tenant kernel sets, kept fresh off the call path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.api.errors import ApiError, not_found
+from app.db.models import Function
+from app.db.repositories.functions import FunctionRepository
+from app.db.repositories.kernels import KernelRepository
+from app.runtime.compiler import ModuleCompiler
+from app.scheduler.leases import KernelSet
+from app.services.functions import compile_errors
+
+
+@dataclass(frozen=True)
+class FunctionMeta:
+    name: str
+    version: int
+    sha256: str
+    env: dict[str, str]
+    content_type: str
+    timeout_ms: int | None
+    artifact: Path
+    expires: float
+
+
+class FunctionCache:
+    """(tenant, function) -> what a worker needs to run it; deploys on this node invalidate.
+
+    Entries used recently are re-read in the background before they expire (`refresh`), so only
+    a tenant's first call, or its first after minutes of silence, reads the database. A local
+    change (deploy, delete, kernel upload) bumps the entry's generation, and a refresh that read
+    the database before that change does not overwrite it.
+
+    Only functions that exist are kept fresh, at most `max_entries` of them (least recently used
+    go first); a name that does not exist is remembered as missing for one TTL (a deploy on this
+    node clears that at once), so a stream of made-up names costs bounded memory, one read per
+    name and TTL, and no background work.
+    """
+
+    def __init__(
+        self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float, max_entries: int = 10_000
+    ) -> None:
+        self.sessionmaker = sessionmaker
+        self.compiler = compiler
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._fns: dict[tuple[str, str], FunctionMeta] = {}
+        self._kernels: dict[str, tuple[float, KernelSet]] = {}
+        self._used: dict[tuple[str, str], float] = {}  # found functions, least recently used first
+        self._missing: dict[tuple[str, str], float] = {}  # names found missing -> until when
+        self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
+
+    async def lookup(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
+        """The function and the tenant's kernels; on a miss, both reads run concurrently."""
+        key = (tenant_id, name)
+        now = time.monotonic()
+        meta = self._fns.get(key)
+        hit = self._kernels.get(tenant_id)
+        if meta is not None and meta.expires > now and hit is not None and hit[0] > now:
+            self._touch(key, now)
+            return meta, hit[1]  # the hot path: no task, no await
+        self._check_missing(key, now)
+        found, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
+        self._touch(key, time.monotonic())
+        return found, kernels
+
+    def _touch(self, key: tuple[str, str], now: float) -> None:
+        used = self._used
+        used.pop(key, None)  # re-inserted at the end: the dict's order is the LRU order
+        used[key] = now
+        if len(used) > self.max_entries:
+            del used[next(iter(used))]
+
+    def _check_missing(self, key: tuple[str, str], now: float) -> None:
+        until = self._missing.get(key)
+        if until is not None:
+            if until > now:
+                raise not_found(f"function {key[1]!r}")
+            del self._missing[key]
+
+    def _note_missing(self, key: tuple[str, str]) -> None:
+        self._missing.pop(key, None)
+        self._missing[key] = time.monotonic() + self.ttl_s
+        if len(self._missing) > self.max_entries:
+            del self._missing[next(iter(self._missing))]
+
+    async def function(self, tenant_id: str, name: str) -> FunctionMeta:
+        key = (tenant_id, name)
+        now = time.monotonic()
+        meta = self._fns.get(key)
+        if meta is not None and meta.expires > now:
+            return meta
+        self._check_missing(key, now)
+        gen = self._gen.get(key, 0)
+        async with self.sessionmaker() as session:
+            meta = await self._load_function(session, tenant_id, name)
+        if meta is None:
+            if self._gen.get(key, 0) == gen:
+                self._note_missing(key)
+            raise not_found(f"function {name!r}")
+        if self._gen.get(key, 0) == gen:
+            self._fns[key] = meta
+        return meta
+
+    async def _load_function(self, session: AsyncSession, tenant_id: str, name: str) -> FunctionMeta | None:
+        repo = FunctionRepository(session, tenant_id)
+        fn = await repo.get(name)
+        if fn is None:
+            return None
+        ver = await repo.version_meta(fn, fn.current_version)
+        if ver is None:
+            return None
+        sha = ver[0]
+        if not self.compiler.cache.has(sha):  # deployed through another node
+            wasm = await repo.module_bytes(fn, fn.current_version)
+            assert wasm is not None
+            with compile_errors():
+                await self.compiler.ensure_artifact(tenant_id, sha, wasm)
+        return self.meta_for(fn, sha)
+
+    async def kernels(self, tenant_id: str) -> KernelSet:
+        hit = self._kernels.get(tenant_id)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        gen = self._gen.get(tenant_id, 0)
+        async with self.sessionmaker() as session:
+            sources = await KernelRepository(session, tenant_id).sources()
+        return self._store_kernels(tenant_id, sources, gen)
+
+    def _store_kernels(self, tenant_id: str, sources: dict[str, str], gen: int) -> KernelSet:
+        hit = self._kernels.get(tenant_id)
+        old = hit[1] if hit else None
+        # unchanged: keep the object; either way the version is the sources' hash, so any front
+        # can tell whether a worker holds them
+        ks = old if old is not None and old.sources == sources else KernelSet.of(sources)
+        if self._gen.get(tenant_id, 0) == gen:
+            self._kernels[tenant_id] = (time.monotonic() + self.ttl_s, ks)
+        return ks
+
+    async def refresh(self, keep_s: float) -> None:
+        """Re-read every function used within `keep_s` and its tenant's kernels; forget the rest."""
+        now = time.monotonic()
+        self._used = {k: t for k, t in self._used.items() if now - t <= keep_s}
+        self._missing = {k: t for k, t in self._missing.items() if t > now}
+        for key in [k for k in self._fns if k not in self._used]:
+            del self._fns[key]
+        tenants = {t for t, _ in self._used}
+        for tenant_id in [t for t in self._kernels if t not in tenants]:
+            del self._kernels[tenant_id]
+        if not self._used:
+            return
+        async with self.sessionmaker() as session:
+            for key in list(self._used):
+                gen = self._gen.get(key, 0)
+                try:
+                    meta = await self._load_function(session, *key)
+                except ApiError:  # its module cannot be compiled here now; its calls say so
+                    meta = None
+                if self._gen.get(key, 0) != gen:
+                    continue  # changed on this node while we read: the local entry is newer
+                if meta is None:  # deleted elsewhere: stop keeping it fresh
+                    self._fns.pop(key, None)
+                    self._used.pop(key, None)
+                    self._note_missing(key)
+                else:
+                    self._fns[key] = meta
+            for tenant_id in tenants:
+                gen = self._gen.get(tenant_id, 0)
+                self._store_kernels(tenant_id, await KernelRepository(session, tenant_id).sources(), gen)
+
+    def _bump(self, key: object) -> None:
+        self._gen[key] = self._gen.get(key, 0) + 1
+
+    def remember(self, tenant_id: str, meta: FunctionMeta) -> None:
+        """Prime the cache at deploy, so the first call after a deploy skips the database."""
+        key = (tenant_id, meta.name)
+        self._bump(key)
+        self._missing.pop(key, None)  # a name just deployed here is no longer missing
+        self._fns[key] = meta
+        self._touch(key, time.monotonic())
+
+    def meta_for(self, fn: Function, sha256: str) -> FunctionMeta:
+        return FunctionMeta(
+            name=fn.name,
+            version=fn.current_version,
+            sha256=sha256,
+            env=dict(fn.env or {}),
+            content_type=fn.content_type,
+            timeout_ms=fn.timeout_ms,
+            artifact=self.compiler.cache.path_for(sha256),
+            expires=time.monotonic() + self.ttl_s,
+        )
+
+    def drop(self, tenant_id: str, name: str) -> None:
+        self._bump((tenant_id, name))
+        self._fns.pop((tenant_id, name), None)
+        self._used.pop((tenant_id, name), None)
+
+    def discard_artifact(self, tenant_id: str, name: str, sha256: str) -> None:
+        """Forget a compiled file a worker could not load; the next lookup recompiles it."""
+        self.compiler.cache.path_for(sha256).unlink(missing_ok=True)
+        self.drop(tenant_id, name)
+
+    def forget(self, tenant_id: str, name: str) -> None:
+        """Changed on another front: drop the entry and any note that the name is missing."""
+        self.drop(tenant_id, name)
+        self._missing.pop((tenant_id, name), None)
+
+    def drop_kernels(self, tenant_id: str) -> None:
+        self._bump(tenant_id)
+        self._kernels.pop(tenant_id, None)
+
+    def drop_tenant(self, tenant_id: str) -> None:
+        for key in [k for k in self._fns if k[0] == tenant_id]:
+            self.drop(*key)
+        self.drop_kernels(tenant_id)

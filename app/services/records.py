@@ -1,0 +1,106 @@
+"""Invocation records, buffered and written in batches off the call path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db.repositories.api_keys import ApiKeyRepository
+from app.db.repositories.invocations import InvocationRepository
+
+log = logging.getLogger(__name__)
+
+
+class InvocationRecorder:
+    """Buffers invocation records and writes them in batches; callers never wait on the DB."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int) -> None:
+        self.sessionmaker = sessionmaker
+        self.interval_s = interval_s
+        self.batch = batch
+        self._pending: list[dict[str, Any]] = []
+        self._touched: dict[str, datetime] = {}
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        # Let a flush in progress finish rather than cancel it mid-transaction: a cancelled write
+        # can keep its SQLite connection's lock while the final flush below needs it.
+        if self._task is not None:
+            self._stopping = True
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=10)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        await self.flush()
+
+    def touch_key(self, key_id: str, when: datetime) -> None:
+        """Note an API key's use; `last_used_at` is written with the next batch."""
+        self._touched[key_id] = when
+
+    def record(self, row: dict[str, Any]) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self.batch:
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("writing invocation records failed; will retry")
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self._touched:
+                touched, self._touched = self._touched, {}
+                async with self.sessionmaker() as session:
+                    repo = ApiKeyRepository(session)
+                    for key_id, when in touched.items():
+                        await repo.touch(key_id, when)
+                    await session.commit()
+            if not self._pending:
+                return
+            rows, self._pending = self._pending, []
+            try:
+                async with self.sessionmaker() as session:
+                    await InvocationRepository(session).insert_many(rows)
+                    await session.commit()
+            except IntegrityError:
+                # A tenant deleted while its call ran: its record has nowhere to go. Write the
+                # batch row by row so every other record still lands.
+                await self._insert_each(rows)
+            except Exception:
+                # keep them for the next try, bounded so a dead database cannot exhaust memory
+                keep = rows[-50_000:]
+                self.dropped += len(rows) - len(keep)
+                self._pending = keep + self._pending
+                raise
+
+    async def _insert_each(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            try:
+                async with self.sessionmaker() as session:
+                    await InvocationRepository(session).insert_many([row])
+                    await session.commit()
+            except IntegrityError:
+                self.dropped += 1
+                log.info("dropped the record of invocation %s: its tenant no longer exists", row["id"])

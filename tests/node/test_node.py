@@ -1,0 +1,351 @@
+"""A real node of two fronts (`TENSORWASM_PROCESSES=2`): limits hold node-wide, a killed front
+loses only its own call, metrics add up over both fronts, a killed supervisor leaves nothing.
+
+Which front accepts a connection is the kernel's choice; to send a call through one front the
+tests stop the other (SIGSTOP) while the connection is made, and use no keep-alive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import ADMIN, ADMIN_TOKEN, GUESTS, build_c, compile_bomb, deploy, descendants, new_tenant, process_alive, server_process, wat
+
+FRONT = "app.node.front"
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
+
+
+def fronts(supervisor: int) -> list[int]:
+    out = []
+    for pid in descendants(supervisor):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if FRONT.encode() in cmd:
+            out.append(pid)
+    return sorted(out)
+
+
+async def until(check: Callable[[], Awaitable[Any]], what: str, limit_s: float = 60) -> Any:
+    """Poll until `check` returns something truthy (a liveness bound, not a measurement)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+    data = tmp_path_factory.mktemp("node")
+    # a long cache TTL: a front would serve stale keys and functions unless told of changes
+    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "6", "TENSORWASM_QUEUE_WAIT_MS": "300", "TENSORWASM_CACHE_TTL_S": "600"}
+    with server_process(data, database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+        yield server.proc, server.url
+
+
+@asynccontextmanager
+async def http(base: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=NO_KEEPALIVE) as client:
+        yield client
+
+
+@asynccontextmanager
+async def only(front: int, others: list[int]) -> AsyncIterator[None]:
+    """While inside, new connections can only be accepted by `front`."""
+    stopped = [p for p in others if p != front]
+    for p in stopped:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in stopped:
+            with contextlib.suppress(ProcessLookupError):  # killed inside
+                os.kill(p, signal.SIGCONT)
+        # a resumed front reads what the supervisor sent it while stopped (changes made through
+        # another front) before the next request: a running front gets them within microseconds
+        await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def pinned(base: str, front: int, all_fronts: list[int]) -> AsyncIterator[httpx.AsyncClient]:
+    """A client whose one kept-alive connection was accepted by `front`: every request it sends
+    goes there, while every front runs."""
+    keep = httpx.Limits(max_keepalive_connections=1, max_connections=1)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=keep) as client:
+        async with only(front, all_fronts):
+            assert (await client.get("/healthz")).status_code == 200
+        yield client
+
+
+async def both_fronts(proc: Any) -> list[int]:
+    async def two() -> list[int] | None:
+        f = fronts(proc.pid)
+        return f if len(f) == 2 else None
+
+    return await until(two, "two fronts")  # type: ignore[no-any-return]
+
+
+async def tenant_busy(client: httpx.AsyncClient, tenant_id: str) -> dict[str, Any] | None:
+    r = await client.get("/v1/admin/workers", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    workers = r.json()
+    return next((w for w in workers if w["tenant_id"] == tenant_id and w["state"] == "busy"), None)
+
+
+async def test_concurrency_holds_across_fronts(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, max_concurrency=1, timeout_ms=15_000)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        async with http(base) as via_a, http(base) as via_b:
+            async with only(a, [a, b]):
+                first = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=key))
+                await until(lambda: tenant_busy(admin, tid), "the first call to run")
+            async with only(b, [a, b]):
+                second = await via_b.post("/v1/functions/loop/invoke", headers=key)
+                usage = (await admin.get("/v1/usage", headers=key)).json()
+            assert second.status_code == 429, second.text
+            assert second.json()["error"]["code"] == "rate_limited"
+            assert "concurrency limit (1" in second.json()["error"]["message"]
+            assert second.headers["Retry-After"]
+            assert usage["running"] == 1 and usage["workers"] == 1
+            busy = [w for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json() if w["tenant_id"] == tid]
+            assert [w["state"] for w in busy] == ["busy"]
+            first.cancel()
+
+
+async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], tmp_path: Path) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    spin = build_c(GUESTS / "spin.c", tmp_path)
+    async with http(base) as admin:
+        doomed_tid, doomed = await new_tenant(admin, timeout_ms=60_000)
+        assert (await deploy(admin, doomed, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(admin, doomed, "echo", wat("echo"))).status_code == 201
+        other_tid, other = await new_tenant(admin)
+        assert (await deploy(admin, other, "spin", spin)).status_code == 201
+        async with http(base) as via_a, http(base) as via_b:
+            async with only(a, [a, b]):
+                lost = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=doomed))
+                victim = await until(lambda: tenant_busy(admin, doomed_tid), "the doomed call to run")
+            async with only(b, [a, b]):
+                kept = asyncio.create_task(via_b.post("/v1/functions/spin/invoke", headers=other, content=b"2000"))
+                await until(lambda: tenant_busy(admin, other_tid), "the other call to run")
+                os.kill(a, signal.SIGKILL)  # front a dies with the doomed call in flight
+            with pytest.raises(httpx.HTTPError):
+                await lost
+            r = await kept
+            assert r.status_code == 200 and r.text == "done"  # through front b, untouched
+
+        async def replaced() -> bool:
+            workers = (await admin.get("/v1/admin/workers", headers=ADMIN)).json()
+            return not any(w["id"] == victim["id"] for w in workers) and not process_alive(victim["pid"])
+
+        await until(replaced, "the doomed call's worker to be replaced")
+        new_a, new_b = await both_fronts(proc)  # the supervisor started a new front
+        assert a not in (new_a, new_b) and b in (new_a, new_b)
+        r = await admin.post("/v1/functions/echo/invoke", headers=doomed, content=b"again")
+        assert r.status_code == 200 and r.text == "again"
+        usage = (await admin.get("/v1/usage", headers=doomed)).json()
+        assert usage["running"] == 0
+        metrics = (await admin.get("/metrics")).text
+        assert _samples(metrics, "tensorwasm_worker_restarts_total", reason="cancelled") >= 1
+
+
+async def test_admin_changes_reach_every_front_at_once(node: tuple[Any, str]) -> None:
+    """An admin call returns once every front dropped what it changed: the very next request,
+    on the other front, sees it (no front is stopped here, as in production)."""
+    proc, base = node
+    fronts = list(await both_fronts(proc))
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin)
+    async with pinned(base, fronts[0], fronts) as a, pinned(base, fronts[1], fronts) as b:
+        assert (await deploy(a, key, "f", wat("echo"))).status_code == 201
+        r = await b.post("/v1/functions/f/invoke", headers=key, content=b"v1")
+        assert r.status_code == 200 and r.text == "v1"  # front b now caches the key and the function
+
+        assert (await deploy(a, key, "f", wat("exit3"))).status_code == 200  # a new version, through a
+        r = await b.post("/v1/functions/f/invoke", headers=key, content=b"v2")
+        assert r.status_code == 500 and r.json()["error"]["exit_code"] == 3
+
+        assert (await b.get("/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 4
+        r = await a.put(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 2})
+        assert r.status_code == 200, r.text
+        assert (await b.get("/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 2
+
+        key_id = (await a.get(f"/v1/admin/tenants/{tid}/api-keys", headers=ADMIN)).json()[0]["id"]
+        assert (await a.delete(f"/v1/admin/tenants/{tid}/api-keys/{key_id}", headers=ADMIN)).status_code == 204
+        r = await b.post("/v1/functions/f/invoke", headers=key, content=b"v3")
+        assert r.status_code == 401
+
+
+async def test_the_supervisor_holds_a_silent_front_to_the_hard_deadline(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, timeout_ms=500)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        before = _samples((await admin.get("/metrics")).text, "tensorwasm_worker_restarts_total", reason="hard_timeout")
+        async with http(base) as via_a:
+            async with only(a, [a, b]):
+                call = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=key))
+                victim = await until(lambda: tenant_busy(admin, tid), "the call to run")
+            os.kill(a, signal.SIGSTOP)  # front a can neither time the call out nor release it
+            try:
+                async with only(b, [a, b]):
+
+                    async def killed() -> bool:
+                        text = (await admin.get("/metrics")).text
+                        return _samples(text, "tensorwasm_worker_restarts_total", reason="hard_timeout") > before
+
+                    await until(killed, "the supervisor to take the lease back")
+                    assert not process_alive(victim["pid"])
+            finally:
+                os.kill(a, signal.SIGCONT)
+            # front a wakes past its own deadline with its worker gone: the call fails as a timeout
+            # or a lost worker, whichever the front's loop sees first; its late release is ignored
+            r = await call
+            assert (r.status_code, r.json()["error"]["code"]) in ((504, "timeout"), (500, "worker_crashed")), r.text
+        usage = (await admin.get("/v1/usage", headers=key)).json()
+        assert usage["running"] == 0
+
+
+async def test_a_worker_killed_mid_call_fails_that_call_through_its_front(node: tuple[Any, str]) -> None:
+    _, base = node
+    async with http(base) as client:
+        tid, key = await new_tenant(client, timeout_ms=60_000)
+        assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
+        call = asyncio.create_task(client.post("/v1/functions/loop/invoke", headers=key))
+        busy = await until(lambda: tenant_busy(client, tid), "the call to run")
+        os.kill(busy["pid"], signal.SIGKILL)
+        r = await call
+        assert r.status_code == 500 and r.json()["error"]["code"] == "worker_crashed", r.text
+        r = await client.post("/v1/functions/echo/invoke", headers=key, content=b"after")
+        assert r.status_code == 200 and r.text == "after"
+        workers = (await client.get("/v1/admin/workers", headers=ADMIN)).json()
+        assert busy["id"] not in [w["id"] for w in workers]
+
+
+def _samples(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin)
+        tenant = next(t["name"] for t in (await admin.get("/v1/admin/tenants", headers=ADMIN)).json() if t["id"] == tid)
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        for front, calls in ((a, 3), (b, 4)):
+            async with only(front, [a, b]), http(base) as client:
+                for _ in range(calls):
+                    assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code == 200
+        text = (await admin.get("/metrics")).text
+    assert _samples(text, "tensorwasm_invocations_total", tenant=tenant, outcome="succeeded") == 7
+    assert _samples(text, "tensorwasm_invocation_duration_seconds_count", tenant=tenant) == 7
+    assert _samples(text, "tensorwasm_workers", state="idle") >= 1  # the supervisor's families, in the same scrape
+    assert text.count("# TYPE tensorwasm_workers gauge") == 1
+
+
+async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path: Path) -> None:
+    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2"}
+    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+        proc, base = server.proc, server.url
+        async with http(base) as client:
+            tid, key = await new_tenant(client, timeout_ms=600_000)
+            assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
+            call = asyncio.create_task(client.post("/v1/functions/loop/invoke", headers=key))
+            busy = await until(lambda: tenant_busy(client, tid), "the guest to run")
+            front_pids = await both_fronts(proc)
+            tree = descendants(proc.pid)
+            assert set(front_pids) <= tree and busy["pid"] in tree
+            assert len(tree) >= 4  # two fronts, the fork server and the busy worker, at least
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            with pytest.raises(httpx.HTTPError):
+                await call
+
+    async def gone() -> bool:
+        return not [p for p in tree if process_alive(p)]
+
+    await until(gone, "every process of the node to die", limit_s=10)
+
+
+async def test_compile_slots_are_node_wide(database_url: str, tmp_path: Path) -> None:
+    """With one compile slot per node, a deploy through one front waits for another tenant's
+    compile running through the other front (each front's own limiter would let it pass)."""
+    env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_COMPILE_CONCURRENCY": "1", "TENSORWASM_COMPILE_TIMEOUT_S": "4"}
+    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+        a, b = await both_fronts(server.proc)
+        async with http(server.url) as admin:
+            _, heavy = await new_tenant(admin)
+            _, light = await new_tenant(admin)
+        async with pinned(server.url, a, [a, b]) as via_a, pinned(server.url, b, [a, b]) as via_b:
+            bomb = asyncio.create_task(deploy(via_a, heavy, "bomb", compile_bomb(1500, 8000)))
+            await asyncio.sleep(1.0)  # the bomb holds the node's one slot (it compiles for ~4 s)
+            assert not bomb.done()
+            t0 = time.monotonic()
+            small = await deploy(via_b, light, "echo", wat("echo"))
+            waited = time.monotonic() - t0
+            assert small.status_code == 201
+            assert bomb.done(), "the small deploy finished while the other front's compile held the slot"
+            assert waited > 1.0
+            assert (await bomb).status_code in (201, 422)  # compiled, or over the time limit
+
+
+async def test_async_stream_and_records_through_either_front(node: tuple[Any, str]) -> None:
+    """Async work submitted or cancelled through either front (one drains the queue), a stream
+    through either front, and a call's record read at once through the other front."""
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        _, key = await new_tenant(admin, timeout_ms=60_000)
+        for fn in ("echo", "write_then_spin", "utf8_lines"):
+            assert (await deploy(admin, key, fn, wat(fn))).status_code == 201
+    async with pinned(base, a, [a, b]) as via_a, pinned(base, b, [a, b]) as via_b:
+        for client in (via_a, via_b):
+            r = await client.post("/v1/functions/echo/invocations", content=b"queued", headers=key)
+            assert r.status_code == 202, r.text
+            inv = r.json()["id"]
+            spin = (await client.post("/v1/functions/write_then_spin/invocations", headers=key)).json()["id"]
+
+            async def status(i: str, want: str, c: httpx.AsyncClient = client) -> bool:
+                return bool((await c.get(f"/v1/invocations/{i}", headers=key)).json()["status"] == want)
+
+            await until(lambda i=inv: status(i, "succeeded"), "the queued call to run")
+            assert (await client.get(f"/v1/invocations/{inv}/output", headers=key)).content == b"queued"
+            await until(lambda i=spin: status(i, "running"), "the spinning call to start")
+            t0 = time.monotonic()
+            r = await client.post(f"/v1/invocations/{spin}/cancel", headers=key)
+            assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+            assert time.monotonic() - t0 < 2.0  # stopped at once, not at the next lease renewal
+
+            async with client.stream("POST", "/v1/functions/utf8_lines/invoke", headers={**key, "Accept": "text/event-stream"}) as s:
+                assert s.status_code == 200
+                text = "".join([chunk async for chunk in s.aiter_text()])
+            assert "event: output" in text and '"status": "succeeded"' in text
+        r = await via_a.post("/v1/functions/echo/invoke", content=b"sync", headers=key)
+        call_id = r.headers["X-Invocation-Id"]
+        r = await via_b.get(f"/v1/invocations/{call_id}", headers=key)  # front a holds it in its batch
+        assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
