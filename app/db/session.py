@@ -29,11 +29,13 @@ def sync_url(url: str) -> str:
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:  # the driver's own connection: untyped in the event API
     cursor = dbapi_connection.cursor()
+    # the wait first: the journal-mode switch below needs a lock that another front's
+    # connection may hold while the node starts
+    cursor.execute("PRAGMA busy_timeout=5000")
     # WAL lets readers run beside the batched invocation writer; FKs make cascades real.
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
 
 
