@@ -8,7 +8,6 @@ counts into the node's shared directory from its first import.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import socket
 import sys
 
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
     )
     server = uvicorn.Server(config)
-    asyncio.run(server.serve(sockets=[sock]))
+    server.run(sockets=[sock])  # uvicorn's loop choice (uvloop with uvicorn[standard]), not asyncio.run's
     return 0 if server.started else 1
 
 
