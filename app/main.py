@@ -28,6 +28,7 @@ from app.runtime.compiler import ModuleCompiler
 from app.sandbox.client import Sandbox
 from app.scheduler.scheduler import Scheduler
 from app.services.api_keys import AuthCache
+from app.services.body_budget import BodyBudget
 from app.services.cache_refresh import CacheRefresher
 from app.services.function_cache import FunctionCache
 from app.services.invocations import Executor
@@ -79,6 +80,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         node=node,
         metrics=metrics,
         tracing=app.state.tracing,
+        bodies=BodyBudget(settings.max_tenant_body_bytes),
     )
     platform.executor = Executor(settings, platform.function_cache, node, metrics, app.state.tracing)
     platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock)

@@ -14,6 +14,7 @@ from app.contract.messages import ChangeKind
 from app.db.models import utcnow
 from app.runtime.compiler import ModuleCompiler
 from app.services.api_keys import AuthCache
+from app.services.body_budget import BodyBudget
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Platform:
     node: NodePort
     metrics: Metrics
     tracing: Tracing
+    bodies: BodyBudget  # request bodies each tenant holds in this process
     clock: Callable[[], datetime] = field(default=utcnow)
     executor: Executor = field(default=None)  # type: ignore[assignment]  # runs one call (async, stream)
     queue: AsyncInvocations = field(default=None)  # type: ignore[assignment]  # submit/cancel/output

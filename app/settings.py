@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     stdout_limit_bytes: int = 16 * 1024 * 1024
     stderr_tail_bytes: int = 64 * 1024
     max_request_bytes: int = 32 * 1024 * 1024
+    # Request bodies (invoke, async submit, deploy, kernel upload) one tenant may hold in one front
+    # at once, read or being read; past it 429. A tenant holding none may always send one body.
+    max_tenant_body_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     # Bodies of JSON routes (admin and the like); refused with 413 before they are read.
     max_json_bytes: int = 1024 * 1024
     epoch_tick_ms: int = 5

@@ -10,25 +10,33 @@ from fastapi.routing import APIRoute
 from starlette.types import Message
 
 from app.api.errors import ApiError
+from app.services.body_budget import BodyHold
 
 
 def _too_large(limit: int, what: str) -> ApiError:
     return ApiError(413, "payload_too_large", f"{what} is larger than the limit of {limit} bytes")
 
 
-async def read_limited(request: Request, limit: int, what: str = "the request body") -> bytes:
+async def read_limited(request: Request, limit: int, what: str = "the request body", hold: BodyHold | None = None) -> bytes:
+    """The whole body, at most `limit` bytes; with `hold`, counted against the tenant's bodies in
+    flight (the declared length before a byte is read, then whatever arrives past it)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise _too_large(limit, what)  # refuse before reading a byte
+            size = int(declared)
         except ValueError:
             raise ApiError(400, "bad_request", "invalid Content-Length header") from None
+        if size > limit:
+            raise _too_large(limit, what)  # refuse before reading a byte
+        if hold is not None and size > 0:
+            hold.grow(size)
     buf = bytearray()
     async for chunk in request.stream():
         buf += chunk
         if len(buf) > limit:
             raise _too_large(limit, what)
+        if hold is not None and len(buf) > hold.bytes:
+            hold.grow(len(buf) - hold.bytes)
     return bytes(buf)
 
 

@@ -51,7 +51,7 @@ _DESCRIPTIONS = {
     413: "the body is larger than the limit",
     415: "unsupported Content-Type",
     422: "invalid input",
-    429: "concurrency, queue or rate limit reached; see Retry-After",
+    429: "concurrency, queue, rate or in-flight body limit reached; see Retry-After",
     500: "internal error",
     503: "no capacity now; see Retry-After",
     504: "the invocation exceeded its time limit",

@@ -10,6 +10,7 @@ class RejectReason(StrEnum):
     FAIR_SHARE = "fair_share"
     QUEUE_FULL = "queue_full"
     RATE = "rate"
+    BODY_BYTES = "body_bytes"  # the tenant's bodies in flight in one front
 
 
 class Rejected(Exception):

@@ -27,7 +27,8 @@ router = APIRouter(prefix="/v1/functions", tags=["invocations"])
         **error_responses(
             400, 401, 403, 404, 413, 422, 429,
             s404="no such function",
-            s429="the tenant's max_queued async invocations are waiting (queue_full); see Retry-After",
+            s429="the tenant's max_queued async invocations are waiting (queue_full), or its request bodies in flight "
+            "in this front reached TENSORWASM_MAX_TENANT_BODY_BYTES; see Retry-After",
         ),
     },
     openapi_extra={"requestBody": {"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}}},
@@ -41,12 +42,13 @@ async def submit_invocation(
         str | None, Header(min_length=1, max_length=255, description="repeat within 24 h to get the same invocation back")
     ] = None,
 ) -> Response:
-    body = await read_limited(request, platform.settings.max_request_bytes)
-    done = await platform.queue.submit(
-        tenant, name, body, request.url.query, request.headers.get("content-type", ""), idempotency_key
-    )
-    if done.created:
-        platform.queued(tenant.id)
+    with platform.bodies.hold(tenant.id) as hold:
+        body = await read_limited(request, platform.settings.max_request_bytes, hold=hold)
+        done = await platform.queue.submit(
+            tenant, name, body, request.url.query, request.headers.get("content-type", ""), idempotency_key
+        )
+        if done.created:
+            platform.queued(tenant.id)
     inv = done.invocation
     return JSONResponse(
         status_code=202,

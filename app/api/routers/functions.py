@@ -80,8 +80,9 @@ def _parse_env(items: list[str] | None) -> dict[str, str] | None:
         200: {"description": "a new version (or unchanged bytes)"},
         201: {"description": "created", "model": FunctionOut},
         **error_responses(
-            400, 401, 403, 413, 415, 422,
+            400, 401, 403, 413, 415, 422, 429,
             s403="wrong kind of credentials, a disabled tenant, or the function quota reached",
+            s429="this tenant's request bodies in flight in this front reached TENSORWASM_MAX_TENANT_BODY_BYTES; see Retry-After",
             s422="invalid module, query or name",
         ),
     },
@@ -118,9 +119,10 @@ async def deploy_function(
             "content_type must be a media type such as `text/plain; charset=utf-8` (printable ASCII, no control characters)",
         )
     settings = FunctionSettings(env=_parse_env(env), content_type=content_type, timeout_ms=timeout_ms)
-    wasm = await read_limited(request, tenant.quota.max_module_bytes, "the module")
-    service = FunctionService(session, tenant)
-    result = await service.deploy(name, wasm, settings, platform.compiler)
+    with platform.bodies.hold(tenant.id) as hold:
+        wasm = await read_limited(request, tenant.quota.max_module_bytes, "the module", hold)
+        service = FunctionService(session, tenant)
+        result = await service.deploy(name, wasm, settings, platform.compiler)
     out = await function_out(service.repo, result.function)
     await session.commit()
     platform.function_cache.remember(tenant.id, platform.function_cache.meta_for(result.function, result.sha256))

@@ -46,29 +46,30 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 async def invoke_function(name: NameParam, request: Request) -> Response:
     platform: Platform = request.app.state.platform
     tenant = await authenticate_tenant(request, platform)
-    body = await read_limited(request, platform.settings.max_request_bytes)
-    stream = stream_kind(request)
-    if stream is not None:
-        return await invoke_streaming(platform, tenant, name, body, request, stream)
-    service = InvokeService(platform.executor, platform.recorder)
-    call = asyncio.current_task()
-    assert call is not None
-    watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
-    try:
-        outcome = await service.invoke(
-            tenant, name, body, request.url.query, request.headers.get("content-type", "")
-        )
-    except asyncio.CancelledError:
-        if not watcher.done() or watcher.cancelled():
-            raise  # not ours: the server is stopping
-        call.uncancel()
-        return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
-    finally:
-        watcher.cancel()
-    headers = {"X-Invocation-Id": outcome.invocation_id}
-    if outcome.error is not None:
-        return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
-    return Response(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
+    with platform.bodies.hold(tenant.id) as hold:
+        body = await read_limited(request, platform.settings.max_request_bytes, hold=hold)
+        stream = stream_kind(request)
+        if stream is not None:
+            return await invoke_streaming(platform, tenant, name, body, request, stream)
+        service = InvokeService(platform.executor, platform.recorder)
+        call = asyncio.current_task()
+        assert call is not None
+        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
+        try:
+            outcome = await service.invoke(
+                tenant, name, body, request.url.query, request.headers.get("content-type", "")
+            )
+        except asyncio.CancelledError:
+            if not watcher.done() or watcher.cancelled():
+                raise  # not ours: the server is stopping
+            call.uncancel()
+            return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
+        finally:
+            watcher.cancel()
+        headers = {"X-Invocation-Id": outcome.invocation_id}
+        if outcome.error is not None:
+            return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
+        return Response(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
 
 
 async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> None:

@@ -34,8 +34,9 @@ def kernel_out(k: Kernel, with_source: bool = False) -> KernelOut:
     responses={
         201: {"description": "created", "model": KernelOut},
         **error_responses(
-            400, 401, 403, 409, 413, 415, 422,
+            400, 401, 403, 409, 413, 415, 422, 429,
             s403="wrong kind of credentials, a disabled tenant, or the kernel module quota reached",
+            s429="this tenant's request bodies in flight in this front reached TENSORWASM_MAX_TENANT_BODY_BYTES; see Retry-After",
             s409="`std` is the platform's library",
             s422="invalid name, not UTF-8 text, or compile_failed",
         ),
@@ -44,11 +45,12 @@ def kernel_out(k: Kernel, with_source: bool = False) -> KernelOut:
 )
 async def put_kernel(name: NameParam, request: Request, tenant: TenantDep, session: SessionDep, platform: PlatformDep) -> JSONResponse:
     require_content_type(request, "text/plain", "text/x-cuda", "application/octet-stream")
-    raw = await read_limited(request, MAX_SOURCE_BYTES, "the kernel source")
-    if b"\x00" in raw:  # neither CUDA source nor a database text column holds NUL
-        raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text without NUL bytes")
-    arch = next((w.compute_capability for w in await platform.node.workers() if w.backend == "cuda"), None)
-    kernel, created = await KernelService(session, tenant).put(name, raw, arch or None, platform.compiler)
+    with platform.bodies.hold(tenant.id) as hold:
+        raw = await read_limited(request, MAX_SOURCE_BYTES, "the kernel source", hold)
+        if b"\x00" in raw:  # neither CUDA source nor a database text column holds NUL
+            raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text without NUL bytes")
+        arch = next((w.compute_capability for w in await platform.node.workers() if w.backend == "cuda"), None)
+        kernel, created = await KernelService(session, tenant).put(name, raw, arch or None, platform.compiler)
     await session.commit()
     platform.function_cache.drop_kernels(tenant.id)
     await platform.changed(ChangeKind.KERNELS, tenant.id)
