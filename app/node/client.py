@@ -168,7 +168,9 @@ class SupervisorClient:
 
         def done(t: asyncio.Future[None]) -> None:
             self._tasks.discard(t)
-            self._applied(msg.token)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("applying %s failed: %s", msg.kind.value, t.exception())
+            self._applied(msg.token)  # answered anyway: the origin must not wait on a failure
 
         task.add_done_callback(done)
 

@@ -194,6 +194,23 @@ async def test_admin_changes_reach_every_front_at_once(node: tuple[Any, str]) ->
         assert r.status_code == 401
 
 
+async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str]) -> None:
+    """A front that cannot answer (stopped here) is waited for 2 s at most; it applies the change
+    when it runs again."""
+    proc, base = node
+    a, b = await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin)
+    async with only(a, [a, b]), http(base) as client:
+        t0 = time.monotonic()
+        r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
+        took = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert 1.5 <= took < 10, took  # waited for the stopped front's answer, then gave up on it
+    async with pinned(base, b, [a, b]) as on_b:
+        assert (await on_b.get("/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 3
+
+
 async def test_the_supervisor_holds_a_silent_front_to_the_hard_deadline(node: tuple[Any, str]) -> None:
     proc, base = node
     a, b = await both_fronts(proc)
