@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -108,14 +109,13 @@ class SupervisorClient:
         self._pending: dict[int, asyncio.Future[NodeMessage]] = {}
         self._ids = itertools.count(1)
         self._pool: dict[str, list[_Conn]] = {}
+        self._pooled = 0  # connections in the pool
         self._on_change: ChangeHandler | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self._principals: dict[int, tuple[TenantPrincipal, Principal]] = {}
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self, on_change: ChangeHandler | None = None, front: int = 0) -> None:
-        import os
-
         self._on_change = on_change
         reader, self._writer = await asyncio.open_unix_connection(self.path, limit=1 << 20)
         self._writer.write(pack(Hello(front=front, pid=os.getpid())))
@@ -132,6 +132,7 @@ class SupervisorClient:
             for c in conns:
                 c.close()
         self._pool.clear()
+        self._pooled = 0
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -301,6 +302,7 @@ class SupervisorClient:
         conns = self._pool.get(grant.worker_id)
         while conns:
             conn = conns.pop()
+            self._pooled -= 1
             if not conn.reader.at_eof():
                 return conn
             conn.close()
@@ -308,8 +310,10 @@ class SupervisorClient:
         return _Conn(reader, writer)
 
     def _park(self, worker_id: str, conn: _Conn) -> None:
-        if sum(len(v) for v in self._pool.values()) >= _POOL_LIMIT:
-            oldest = next(iter(self._pool))
-            for c in self._pool.pop(oldest):
+        while self._pooled >= _POOL_LIMIT and self._pool:  # oldest worker first: retired ones age out
+            oldest = self._pool.pop(next(iter(self._pool)))
+            self._pooled -= len(oldest)
+            for c in oldest:
                 c.close()
         self._pool.setdefault(worker_id, []).append(conn)
+        self._pooled += 1

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import wasmtime
 
+from app.contract.messages import Run
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.spans import SpanRecorder
 
@@ -42,21 +43,6 @@ class HostAbi(Protocol):
     def define(self, linker: wasmtime.Linker) -> None: ...
     def begin(self, invocation_id: str, kernels: dict[str, str] | None) -> None: ...
     def end(self) -> dict[str, Any]: ...
-
-
-@dataclass
-class RunRequest:
-    invocation_id: str
-    function: str
-    sha256: str
-    env: dict[str, str]
-    timeout_ms: int
-    wasm_memory_bytes: int
-    stdout_limit: int
-    stderr_limit: int
-    kernels: dict[str, str] | None = None
-    traceparent: str | None = None
-    stream: bool = False  # stdout goes to the runner's `on_stdout` as written, not into the result
 
 
 @dataclass
@@ -191,7 +177,7 @@ class GuestRunner:
         """Run a trivial guest once, so a tenant's first call does not pay wasmtime's and the
         memory creator's first-use costs (~0.6 ms, measured on the 2-core VM)."""
         pre = self.linker.instantiate_pre(wasmtime.Module(self.engine, _WARM_UP_WAT))
-        req = RunRequest("warm-up", "warm-up", "", {}, 1000, 1 << 20, 0, 0)
+        req = Run("warm-up", "warm-up", "", {}, 1000, 1 << 20, 0, 0)
         result = RunResult(status="ok")
         self._stdout.reset(0, tail_only=False)
         self._stderr.reset(0, tail_only=True)
@@ -200,7 +186,7 @@ class GuestRunner:
             raise RuntimeError(f"the worker's warm-up guest failed: {result.error}")
 
     # -- one invocation -----------------------------------------------------------------------
-    def run(self, req: RunRequest, stdin: bytes) -> RunResult:
+    def run(self, req: Run, stdin: bytes) -> RunResult:
         started = time.perf_counter()
         if stdin:
             os.ftruncate(self._stdin_fd, 0)
@@ -235,7 +221,7 @@ class GuestRunner:
                 self.host.spans = None
         return result
 
-    def _execute(self, pre: wasmtime.InstancePre, req: RunRequest, stdin: bytes, result: RunResult) -> None:
+    def _execute(self, pre: wasmtime.InstancePre, req: Run, stdin: bytes, result: RunResult) -> None:
         store = wasmtime.Store(self.engine)
         store.set_limits(memory_size=req.wasm_memory_bytes)
         wasi = wasmtime.WasiConfig()
@@ -300,7 +286,7 @@ def _trap_message(exc: wasmtime.Trap) -> str:
     return f"trap: {cause}"
 
 
-def _instantiate_error(text: str, req: RunRequest) -> str:
+def _instantiate_error(text: str, req: Run) -> str:
     if "memory" in text and ("limit" in text or "minimum" in text or "grow" in text):
         return f"the module needs more linear memory than the tenant's limit ({req.wasm_memory_bytes} bytes)"
     return _first_line(text)

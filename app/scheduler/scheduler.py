@@ -122,7 +122,6 @@ class Scheduler:
         self.settings = settings
         self.secret = secret
         self.run_dir = run_dir
-        self.leases: dict[str, Lease] = {}
         self._lease_seq = itertools.count(1)
         self._node_tag = uuid.uuid4().hex[:8]
         self.workers: list[WorkerHandle] = []
@@ -546,16 +545,13 @@ class Scheduler:
 
     def _grant(self, w: WorkerHandle, ts: _Tenant, ticket: Ticket) -> Lease:
         # unique on this node is enough: a front proves its lease with the token, not the id
-        lease = Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
-        self.leases[lease.id] = lease
-        return lease
+        return Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
 
     def release(self, lease: Lease, outcome: Outcome, kernels_version: str = "") -> None:
         """Give the worker back: idle again after a clean call, replaced after anything else."""
         if lease.released:
             return
         lease.released = True
-        self.leases.pop(lease.id, None)
         w = lease.worker
         try:
             if outcome in (Outcome.OK, Outcome.DEVICE_ERROR):

@@ -180,25 +180,10 @@ class _Worker:
         return None
 
     def run(self, msg: Run, body: bytes, out: BinaryIO) -> None:
-        from app.runtime.runner import RunRequest
-
-        req = RunRequest(
-            invocation_id=msg.invocation_id,
-            function=msg.function,
-            sha256=msg.sha256,
-            env=msg.env,
-            timeout_ms=msg.timeout_ms,
-            wasm_memory_bytes=msg.wasm_memory_bytes,
-            stdout_limit=msg.stdout_limit,
-            stderr_limit=msg.stderr_limit,
-            kernels=msg.kernels,
-            traceparent=msg.traceparent,
-            stream=msg.stream,
-        )
         if msg.stream:  # stdout leaves as written, on the channel the run came from
             self.runner.on_stdout = lambda data: write_frame(out, Chunk(), data)
             write_frame(out, Chunk())  # the guest is starting: the caller may begin its response
-        res = self.runner.run(req, body)
+        res = self.runner.run(msg, body)
         write_frame(
             out,
             Result(

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
+from app.contract.messages import Run
 from app.gpu.abi import AbiHost
 from app.gpu.backend import BackendError, DeviceInfo, DeviceLimits
 from app.gpu.cpu import CpuBackend
 from app.gpu.signatures import Code
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.engine import make_engine
-from app.runtime.runner import GuestRunner, RunRequest
+from app.runtime.runner import GuestRunner
 from tests.gpu.runner import Buf, abi_code, rec_buf, rec_i32, request
 from tests.helpers import compile_artifact
 
@@ -57,7 +58,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory, c_guest) -> tuple[GuestRunn
 
 def _run(runner: tuple[GuestRunner, AbiHost, str], body: bytes) -> Any:
     r, _, sha = runner
-    return r.run(RunRequest("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), body)
+    return r.run(Run("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), body)
 
 
 def _kernel(name: str, source: bytes = b'extern "C" __global__ void k() {}') -> bytes:
@@ -91,9 +92,9 @@ def test_device_error_is_sticky_and_reported(tmp_path: Path, c_guest) -> None:
     host = AbiHost(FaultyGpu())
     host.bind(1 << 20)
     r = GuestRunner(make_engine(), ArtifactCache(tmp_path), host, 5)
-    res = r.run(RunRequest("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("wild_pointer"))
+    res = r.run(Run("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("wild_pointer"))
     assert res.status == "device_error" and "ILLEGAL_ADDRESS" in (res.error or "")
     assert res.host["device_error"] is True
     # the context is poisoned: every later GPU call of this worker answers DEVICE_ERROR
-    res = r.run(RunRequest("inv2", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("fine"))
+    res = r.run(Run("inv2", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("fine"))
     assert res.status == "device_error"
