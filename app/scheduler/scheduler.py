@@ -352,9 +352,12 @@ class Scheduler:
             if device is not None:
                 self._spawn(device)
                 return _Progress.PENDING
-        if starting:  # a slot frees when they finish: look again then, evict nothing yet
-            return _Progress.PENDING
-        return _Progress.AGAIN if self._evict_one(exclude, cap) else _Progress.NONE
+        # Every slot taken: make room for one more start while fewer are under way than calls
+        # wait and the parallel-start bound allows, so the driver always has the next context
+        # to create (starts one after another would leave it idle between them).
+        if len(starting) < self.settings.max_parallel_starts and self._evict_one(exclude, cap):
+            return _Progress.AGAIN
+        return _Progress.PENDING if starting else _Progress.NONE
 
     async def _acquire_worker(self, ts: _Tenant, deadline: float) -> WorkerHandle:
         """A worker bound to the tenant by `deadline` (the call's queue wait), or NoCapacity."""
@@ -363,7 +366,8 @@ class Scheduler:
             raise NoCapacity(f"the tenant's GPU cap ({cap} bytes) does not fit any device of this node")
         stuck_until: float | None = None  # nothing under way for this call: wait at most the queue wait
         t_acquire = time.perf_counter()
-        self._binders += 1
+        self._binders += 1  # calls waiting for a worker that none of theirs can serve
+        waiting = True
         try:
             while True:
                 for w in ts.workers:
@@ -379,11 +383,15 @@ class Scheduler:
                         spare.state = WorkerState.BINDING
                         device = self.devices[spare.device_index]
                         self.devices.bound(device, cap)  # now: other calls place while this one binds
+                        self._binders -= 1  # has its worker: no start is needed for it
+                        waiting = False
                         try:
                             await spare.bind(ts.principal.id, ts.principal.name, cap, self.secret)
                         except WorkerLost:
                             self.devices.bound(device, -cap)  # not bound: it leaves as a spare would
                             self._retire(spare, "crashed")
+                            self._binders += 1
+                            waiting = True
                             continue
                         except BaseException:  # cancelled mid-bind: its reply would be orphaned
                             self.devices.bound(device, -cap)
@@ -414,7 +422,8 @@ class Scheduler:
                             "after failed starts, and no idle worker could be evicted",
                         )
         finally:
-            self._binders -= 1
+            if waiting:
+                self._binders -= 1
 
     # -- per-tenant admission -------------------------------------------------------------------
     def _tenant(self, principal: TenantPrincipal) -> _Tenant:

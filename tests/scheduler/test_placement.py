@@ -217,3 +217,33 @@ async def test_starts_are_bounded_in_parallel(app_factory, monkeypatch) -> None:
         s = platform.scheduler
         await until(lambda: sorted(w.device_index for w in s.workers if w.state == WorkerState.SPARE) == [0, 1, 2, 3], "a spare per device")
         assert running["peak"] == 2
+
+
+async def test_with_every_slot_bound_waiting_tenants_start_in_parallel(app_factory, monkeypatch) -> None:
+    # Each new tenant's call evicts an idle worker and starts its own at once, up to the parallel
+    # bound: not one start after another, which would leave the driver idle between contexts.
+    running = {"now": 0, "peak": 0}
+    real_start = WorkerHandle.start
+
+    async def start(self: WorkerHandle) -> None:
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(0.3)  # a context creation's length, so starts could overlap
+            await real_start(self)
+        finally:
+            running["now"] -= 1
+
+    monkeypatch.setattr(WorkerHandle, "start", start)
+    async with app_factory(max_workers=3, warm_spares=0, max_parallel_starts=3, retire_idle_after_s=3600, queue_wait_ms=30_000) as (client, platform):
+        old = [await tenant_with_echo(client) for _ in range(3)]
+        for _, key in old:
+            assert (await echo(client, key)).content == b"hi"
+        assert running["peak"] == 1  # bound one after another
+        new = [await tenant_with_echo(client) for _ in range(3)]
+        replies = await asyncio.gather(*(echo(client, key) for _, key in new))
+        assert [r.content for r in replies] == [b"hi"] * 3
+        assert running["peak"] == 3
+        s = platform.scheduler
+        assert s.restarts["evicted"] == 3
+        assert {w.tenant_id for w in s.workers if w.state != WorkerState.DEAD} == {tid for tid, _ in new}
