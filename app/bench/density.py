@@ -3,7 +3,8 @@
 Each phase drives a real node over HTTP with an echo guest, one tenant per API key:
 
 - bound: `bound_tenants` tenants called once each, one after another, on a node with a worker for
-  every one of them: the cold call (the bind of a worker to the tenant included).
+  every one of them: the cold call (the bind of a worker to the tenant included). The calls start
+  once the node's `bound_spares` spares are ready.
 - burst: the same tenants' calls fired all at once, each to its bound worker.
 - churn: more tenants than workers, `clients` callers picking a tenant at random per call: the
   goodput, and the tenant switch rate (binds per second, from the node's bind histogram) against
@@ -65,6 +66,9 @@ class DensityConfig:
     ceiling_tenants: int = 24
     ceiling_rounds: int = 3
     spares: int = 2
+    # spares of the bound node, all ready before its first call (0: `spares`): a node that keeps
+    # as many spares as tenants arrive back to back binds each from a ready context
+    bound_spares: int = 0
     queue_wait_ms: int = 1000
     timeout_ms: int = 5000  # every bench tenant's quota
     start_parallel: int = 0  # workers started at once for the start rate; 0: min(clients, workers)
@@ -120,6 +124,18 @@ def setup_tenants(base: str, label: str, n: int, cfg: DensityConfig) -> list[dic
         return list(pool.map(
             lambda i: setup_tenant(client, f"density-{label}-{run}-{i}", {FUNCTION: wasm}, admin_token=cfg.admin_token, **_tenant_quota(cfg)), range(n)
         ))
+
+
+def wait_spares(base: str, n: int, admin_token: str, timeout_s: float = 120) -> int:
+    """Wait until the node has `n` spare workers (or the timeout); returns how many it has."""
+    deadline, have = time.monotonic() + timeout_s, 0
+    with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin_token}"}) as client:
+        while time.monotonic() < deadline:
+            have = sum(1 for w in client.get("/v1/admin/workers").raise_for_status().json() if w["state"] == "spare")
+            if have >= n:
+                break
+            time.sleep(0.2)
+    return have
 
 
 def _async_client(base: str) -> httpx.AsyncClient:
@@ -313,13 +329,13 @@ def snapshot(base: str, cfg: DensityConfig, res: dict[str, Any], label: str) -> 
 
 # -- the run --------------------------------------------------------------------------------------
 @contextmanager
-def _node(cfg: DensityConfig, max_workers: int, **env: str) -> Iterator[str]:
+def _node(cfg: DensityConfig, max_workers: int, spares: int | None = None, **env: str) -> Iterator[str]:
     if cfg.url:
         yield cfg.url
         return
     with server(
-        TENSORWASM_BACKEND=cfg.backend, TENSORWASM_MAX_WORKERS=str(max_workers), TENSORWASM_WARM_SPARES=str(cfg.spares),
-        TENSORWASM_QUEUE_WAIT_MS=str(cfg.queue_wait_ms), **env,
+        TENSORWASM_BACKEND=cfg.backend, TENSORWASM_MAX_WORKERS=str(max_workers),
+        TENSORWASM_WARM_SPARES=str(cfg.spares if spares is None else spares), TENSORWASM_QUEUE_WAIT_MS=str(cfg.queue_wait_ms), **env,
     ) as base:
         yield base
 
@@ -335,10 +351,12 @@ def run_density(cfg: DensityConfig) -> dict[str, Any]:
         starts = round(asyncio.run(fork_starts_per_s(cfg.backend, n, batches=5)), 2)
     if cfg.phases & {Phase.BOUND, Phase.BURST}:
         # a worker for every tenant, and the spares beside them
-        with _node(cfg, cfg.bound_tenants + cfg.spares) as base:
+        spares = cfg.bound_spares or cfg.spares
+        with _node(cfg, cfg.bound_tenants + cfg.spares, spares) as base:
             keys = setup_tenants(base, "bound", cfg.bound_tenants, cfg)
             if Phase.BOUND in cfg.phases:
-                res["bound"] = asyncio.run(bound_in_turn(base, keys))
+                ready = wait_spares(base, spares, cfg.admin_token)
+                res["bound"] = asyncio.run(bound_in_turn(base, keys)) | {"spares": spares, "spares_ready": ready}
             if Phase.BURST in cfg.phases:
                 res["burst"] = asyncio.run(all_at_once(base, keys))
             snapshot(base, cfg, res, "bound")
@@ -373,7 +391,10 @@ def report(res: dict[str, Any]) -> str:
     lines = []
     if "bound" in res:
         b = res["bound"]
-        lines += [f"bound in turn ({b['tenants']} tenants, one call each)", _row("cold call", _lat(b["cold_ms"])), _row("statuses", b["statuses"])]
+        lines += [
+            f"bound in turn ({b['tenants']} tenants, one call each, {b['spares_ready']} of {b['spares']} spares ready at the first)",
+            _row("cold call", _lat(b["cold_ms"])), _row("statuses", b["statuses"]),
+        ]
     if "burst" in res:
         b = res["burst"]
         lines += [f"all at once ({b['calls']} calls)", _row("latency", _lat(b["ms"])), _row("statuses", b["statuses"]), _row("wall", f"{b['wall_s']} s")]

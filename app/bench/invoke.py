@@ -1,8 +1,10 @@
 """`tensorwasm bench invoke`: the node's invoke path against a bare FastAPI echo app, under wrk.
 
 Everything runs in one go on one machine: the baseline (`app.bench.echo_app` under plain uvicorn,
-with one process and with the node's process count) and the node (a real `tensorwasm serve` with
-an echo guest). Each figure is printed beside its baseline as a ratio, with the target it has.
+with one process and with the node's process count), the same app with one process hop
+(`app.bench.relay_app`: the body goes to another process and back, the floor of any design that
+keeps the guest out of the HTTP process) and the node (a real `tensorwasm serve` with an echo
+guest). Each figure is printed beside its baseline as a ratio, with the target it has.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import asdict
 
 import httpx
 
-from app.bench.node import bare_echo, server, setup_tenant
+from app.bench.node import bare_echo, bare_relay, server, setup_tenant
 from app.bench.wrk import INSTALL_HINT, WrkResult, run_wrk, wrk_path
 
 # Echoes stdin to stdout, 64 KiB at a time.
@@ -74,6 +76,10 @@ def bench_invoke(args: argparse.Namespace) -> int:
         res["bareN_c1"] = _post(url, 1, secs)
         res["bareN_c32"] = _post(url, 32, secs)
         res["bareN_c256"] = _post(url, 256, secs)
+    with bare_relay(procs) as url:  # the floor of any design with the guest in another process
+        _post(url, 8, 1)
+        res["relay_c1"] = _post(url, 1, secs)
+        res["relay_c32"] = _post(url, 32, secs)
 
     print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
     wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
@@ -110,10 +116,16 @@ def _report(r: dict[str, WrkResult], procs: int, q: int) -> None:
     ratio = r["node_c1"].p50_ms / r["bareN_c1"].p50_ms
     _line("c=1 p50: node / bare", f"{ratio:.2f}x", "<= 2.0x", ratio <= 2.0)
     _line("c=1 p99: node / bare", f"{r['node_c1'].p99_ms / r['bareN_c1'].p99_ms:.2f}x")
+    relay = r["relay_c1"]
+    _line("bare echo + one process hop c=1 p50 / p99 (ms)", f"{relay.p50_ms:.3f} / {relay.p99_ms:.3f}")
+    _line("c=1 p50: one hop / bare (the floor of the node's shape)", f"{relay.p50_ms / r['bareN_c1'].p50_ms:.2f}x")
+    _line("c=1 p50: node / one hop", f"{r['node_c1'].p50_ms / relay.p50_ms:.2f}x")
     for c in (32, 256):
         node, bare = r[f"node_c{c}"], r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
         _line(f"c={c}: node req/s (200s) | bare {procs}-process req/s", f"{node.goodput:.0f} | {bare.rps:.0f}")
         _line(f"c={c}: node / bare with {procs} processes", f"{node.goodput / bare.rps:.2f}x", ">= 0.35x", node.goodput / bare.rps >= 0.35)
+    _line(f"c=32: bare + one hop, {procs} processes, req/s", f"{r['relay_c32'].rps:.0f}")
+    _line("c=32: node / bare + one hop", f"{r['node_c32'].goodput / r['relay_c32'].rps:.2f}x")
     one = r["bare1_c32"].rps
     _line("c=32: bare 1-process req/s", f"{one:.0f}")
     _line("c=32: node / bare with 1 process", f"{r['node_c32'].goodput / one:.2f}x", ">= 1.0x", r["node_c32"].goodput / one >= 1.0)

@@ -75,20 +75,38 @@ def server(ready_path: str = "/readyz", root: str | None = None, **env: str) -> 
 
 
 @contextmanager
-def bare_echo(processes: int) -> Iterator[str]:
+def bare_echo(processes: int, app: str = "app.bench.echo_app:app", env: dict[str, str] | None = None) -> Iterator[str]:
     """The baseline app under plain uvicorn with `processes` worker processes; yields the echo URL."""
     port = free_port()
     cmd = [
-        sys.executable, "-m", "uvicorn", "app.bench.echo_app:app", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
         "--workers", str(processes), "--log-level", "warning", "--no-access-log",
     ]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_ready(proc, f"{base}/docs")
         yield f"{base}/echo"
     finally:
         _stop(proc)
+
+
+@contextmanager
+def bare_relay(processes: int) -> Iterator[str]:
+    """The baseline with one process hop (`app.bench.relay_app`): its echo process, then the app."""
+    with tempfile.TemporaryDirectory(prefix="tw-relay-") as run:
+        path = str(Path(run) / "echo.sock")
+        echo = subprocess.Popen([sys.executable, "-m", "app.bench.relay_app", path])
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.exists(path):
+                if echo.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the relay's echo process did not start")
+                time.sleep(0.05)
+            with bare_echo(processes, "app.bench.relay_app:app", {"TENSORWASM_BENCH_RELAY": path}) as url:
+                yield url
+        finally:
+            _stop(echo)
 
 
 def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], *, admin_token: str = ADMIN, **quota: Any) -> dict[str, str]:

@@ -135,6 +135,10 @@ def bench_workers(backend: str, serial: int, parallel: str, devices: str, fork_o
 @click.option("--ceiling-tenants", type=int, default=24, show_default=True, help="tenants called at once past the ceiling")
 @click.option("--ceiling-rounds", type=int, default=3, show_default=True, help="rounds of those calls")
 @click.option("--spares", type=int, default=2, show_default=True, help="TENSORWASM_WARM_SPARES of each node")
+@click.option(
+    "--bound-spares", type=int, default=0,
+    help="TENSORWASM_WARM_SPARES of the bound node, whose phase starts once that many are ready (default: --spares)",
+)
 @click.option("--queue-wait-ms", type=int, default=1000, show_default=True, help="TENSORWASM_QUEUE_WAIT_MS of each node")
 @click.option("--timeout-ms", type=int, default=5000, show_default=True, help="every bench tenant's timeout quota")
 @click.option("--start-parallel", type=int, default=0, help="workers started at once for the start rate (default: min(clients, workers))")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -86,6 +87,10 @@ def _child(sock: socket.socket, argv: list[str], env: dict[str, str], stdin_r: i
 
 def serve(sock: socket.socket, backend: str) -> int:
     _preload(backend)
+    # What the imports left is read-only for the children: out of the collector's sight, a
+    # collection in a worker does not write to (and so copy) every page of it.
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the node's to handle
     sock.send(b'{"op":"ready"}')

@@ -14,12 +14,13 @@ from app.cli import cli
 def test_every_phase_reports_sane_figures_at_tiny_sizes() -> None:
     cfg = DensityConfig(
         backend="cpu", bound_tenants=3, tenants=3, workers=2, clients=2, seconds=2, ceiling=1, ceiling_tenants=3,
-        ceiling_rounds=1, spares=1, start_parallel=2,
+        ceiling_rounds=1, spares=1, start_parallel=2, bound_spares=3,
     )
     res = run_density(cfg)
 
     bound = res["bound"]
     assert bound["statuses"] == {"200": 3}
+    assert bound["spares"] == 3 and bound["spares_ready"] == 3  # every tenant found a ready spare
     cold = bound["cold_ms"]
     assert 0 < cold["p50"] <= cold["p90"] <= cold["p99"] <= cold["max"]
     assert res["burst"]["statuses"] == {"200": 3} and res["burst"]["ms"]["p50"] > 0
