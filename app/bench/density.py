@@ -8,7 +8,8 @@ Each phase drives a real node over HTTP with an echo guest, one tenant per API k
 - burst: the same tenants' calls fired all at once, each to its bound worker.
 - churn: more tenants than workers, `clients` callers picking a tenant at random per call: the
   goodput, and the tenant switch rate (binds per second, from the node's bind histogram) against
-  the rate at which this host starts workers from the fork server, measured in the same run.
+  the rate at which this host starts workers from the fork server, measured in the same run on an
+  idle device and beside as many live workers as the churn node holds.
 - ceiling: more tenants than TENSORWASM_MAX_CONTEXTS_PER_DEVICE (passed to the node; a node
   without that setting ignores it, and only its workers, at most the churn node's, hold the
   tenants back), all called at once: no call may wait longer than
@@ -186,6 +187,7 @@ def _metrics(client: httpx.Client, admin_token: str) -> dict[str, float] | None:
 
 
 BINDS = "tensorwasm_cold_start_seconds_count"
+STARTS, START_SECONDS = "tensorwasm_worker_start_seconds_count", "tensorwasm_worker_start_seconds_sum"
 EVICTED = 'tensorwasm_worker_restarts_total{reason="evicted"}'
 START_FAILED = 'tensorwasm_worker_restarts_total{reason="start_failed"}'
 
@@ -203,8 +205,17 @@ async def churn(base: str, keys: list[dict[str, str]], clients: int, seconds: fl
                     i = rng.randrange(len(keys))
                     calls.append(await _call(client, keys[i], i))
 
+            states: list[Counter[str]] = []
+
+            async def watch() -> None:  # the node's workers by state: where does a switch wait?
+                while time.monotonic() < stop:
+                    r = await client.get("/v1/admin/workers", headers={"Authorization": f"Bearer {admin_token}"})
+                    if r.status_code == 200:
+                        states.append(Counter(w["state"] for w in r.json() if w["state"] != "dead"))
+                    await asyncio.sleep(0.5)
+
             t0 = time.perf_counter()
-            await asyncio.gather(*(caller() for _ in range(clients)))
+            await asyncio.gather(watch(), *(caller() for _ in range(clients)))
             wall = time.perf_counter() - t0
         after = _metrics(sync, admin_token)
     ok = [c for c in calls if c.status == 200]
@@ -214,6 +225,7 @@ async def churn(base: str, keys: list[dict[str, str]], clients: int, seconds: fl
         "max_wait_s": round(max((c.seconds for c in calls), default=0.0), 3),  # any status
         "503_with_retry_after": sum(1 for c in calls if c.status == 503 and c.retry_after),
         "binds": None, "switches_per_s": None, "evicted": None, "start_failed": None,
+        "worker_states_mean": {k: round(sum(c[k] for c in states) / len(states), 1) for k in sorted(set().union(*states))} if states else {},
     }
     if before is not None and after is not None and BINDS in after:
         binds = after[BINDS] - before.get(BINDS, 0.0)
@@ -221,6 +233,10 @@ async def churn(base: str, keys: list[dict[str, str]], clients: int, seconds: fl
             binds=int(binds), switches_per_s=round(binds / wall, 2), evicted=int(after.get(EVICTED, 0.0) - before.get(EVICTED, 0.0)),
             start_failed=int(after.get(START_FAILED, 0.0) - before.get(START_FAILED, 0.0)),
         )
+        starts = after.get(STARTS, 0.0) - before.get(STARTS, 0.0)
+        if starts:  # how long the node's own starts took while it switched tenants
+            res["node_starts"] = int(starts)
+            res["node_start_ms_mean"] = round(1e3 * (after.get(START_SECONDS, 0.0) - before.get(START_SECONDS, 0.0)) / starts, 1)
     return res
 
 
@@ -349,6 +365,10 @@ def run_density(cfg: DensityConfig) -> dict[str, Any]:
         # exiting) would compete for the same cores and GPU
         n = cfg.start_parallel or min(cfg.clients, cfg.workers)
         starts = round(asyncio.run(fork_starts_per_s(cfg.backend, n, batches=5)), 2)
+        # and beside as many live workers as the churn node holds while it starts those: the
+        # driver creates a context more slowly on a device that holds many
+        held = max(0, cfg.workers - n)
+        starts_full = round(asyncio.run(fork_starts_per_s(cfg.backend, n, batches=3, held=held)), 2)
     if cfg.phases & {Phase.BOUND, Phase.BURST}:
         # a worker for every tenant, and the spares beside them
         spares = cfg.bound_spares or cfg.spares
@@ -367,6 +387,8 @@ def run_density(cfg: DensityConfig) -> dict[str, Any]:
             snapshot(base, cfg, res, "churn")
         c["start_parallel"], c["starts_per_s"] = n, starts
         c["switch_to_start_ratio"] = round(c["switches_per_s"] / starts, 3) if c["switches_per_s"] is not None else None
+        c["starts_held"], c["starts_per_s_held"] = held, starts_full
+        c["switch_to_held_start_ratio"] = round(c["switches_per_s"] / starts_full, 3) if c["switches_per_s"] is not None else None
     if Phase.CEILING in cfg.phases:
         # the churn node's workers at most: on a node without the ceiling setting they are the limit
         max_workers = min(cfg.ceiling_tenants + cfg.spares, cfg.workers)
@@ -406,9 +428,13 @@ def report(res: dict[str, Any]) -> str:
             _row("calls/s (200)", c["ok_per_s"]), _row("latency (200)", _lat(c["ms"])), _row("statuses", c["statuses"]),
             _row("longest wait (any status)", f"{c['max_wait_s']} s"),
             _row("503 with Retry-After", f"{c['503_with_retry_after']}/{c['statuses'].get('503', 0)}"),
+            _row("workers by state (mean)", c["worker_states_mean"]),
+            _row("the node's worker starts, mean", f"{c.get('node_starts', 0)} in {c.get('node_start_ms_mean', '-')} ms"),
             _row("tenant switches (binds)", f"{c['binds']} ({c['switches_per_s']}/s), {c['evicted']} evicted, {c['start_failed']} starts failed"),
             _row(f"worker starts, {c['start_parallel']} at once", f"{c['starts_per_s']}/s"),
             _row("switch rate / start rate", c["switch_to_start_ratio"]),
+            _row(f"worker starts, {c['start_parallel']} at once beside {c['starts_held']} live", f"{c['starts_per_s_held']}/s"),
+            _row("switch rate / that start rate", c["switch_to_held_start_ratio"]),
         ]
     if "ceiling" in res:
         c = res["ceiling"]

@@ -30,16 +30,24 @@ def _pss_mib(pid: int) -> float:
 
 async def _measure(
     backend: Literal["auto", "cpu", "cuda"], fork: bool, serial: int, parallel: list[int], each: bool = False, devices: list[str] | None = None,
+    held: int = 0,
 ) -> dict[str, Any]:
     """`devices`: CUDA_VISIBLE_DEVICES entries the workers of a batch are spread over, in turn
-    (None: not pinned) - whether the driver serializes context creation per device or per host."""
+    (None: not pinned) - whether the driver serializes context creation per device or per host.
+    `held`: workers started first and kept alive through the batches (a device holding that many
+    contexts already, as a full node's does)."""
     settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="tw-bench-workers-")), backend=backend, admin_token="bench", worker_start_timeout_s=120)
     spawner = ForkServer(backend) if fork else None
+    kept: list[WorkerHandle] = []
     try:
         if spawner is not None:  # the fork server's own start is paid once per node, not per worker
             first = WorkerHandle(settings, spawner=spawner)
             await first.start()
             await first.close()
+        for i in range(0, held, 16):
+            batch = [WorkerHandle(settings, spawner=spawner) for _ in range(min(16, held - i))]
+            kept += batch
+            await asyncio.gather(*(w.start() for w in batch))
         res: dict[str, Any] = {"serial_s": []}
         for _ in range(serial):
             w = WorkerHandle(settings, spawner=spawner)
@@ -61,14 +69,16 @@ async def _measure(
             res[f"{n}_at_once_ended_per_s"] = round(n / (time.perf_counter() - t0), 2)
         return res
     finally:
+        await asyncio.gather(*(w.close() for w in kept))
         if spawner is not None:
             spawner.close_sync()
 
 
-async def fork_starts_per_s(backend: Literal["auto", "cpu", "cuda"], n: int, batches: int = 3) -> float:
-    """Workers forked from a warm fork server, `n` at once, `batches` times: the median of the
-    batches' starts per second (on a GPU node each creates its context: the driver's cost is in)."""
-    res = await _measure(backend, True, 0, [n] * batches, each=True)
+async def fork_starts_per_s(backend: Literal["auto", "cpu", "cuda"], n: int, batches: int = 3, held: int = 0) -> float:
+    """Workers forked from a warm fork server, `n` at once, `batches` times, beside `held` live
+    ones: the median of the batches' starts per second (on a GPU node each creates its context:
+    the driver's cost is in)."""
+    res = await _measure(backend, True, 0, [n] * batches, each=True, held=held)
     return float(statistics.median(res[f"{n}_at_once_per_s_each"]))
 
 

@@ -125,6 +125,8 @@ def attach_scheduler(registry: CollectorRegistry, scheduler: Scheduler) -> None:
     rejections): in the app's registry in a one-process node, in the supervisor's otherwise."""
     cold = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=registry)
     scheduler.on_bind = cold.observe
+    start = Histogram("tensorwasm_worker_start_seconds", "A worker's start, fork to ready (its context created)", buckets=LATENCY_BUCKETS, registry=registry)
+    scheduler.on_start = start.observe
     registry.register(_LiveCollector(scheduler))
 
 

@@ -129,6 +129,7 @@ class Scheduler:
         self.restarts: Counter[str] = Counter()
         self.rejections: Counter[tuple[str, str]] = Counter()  # (tenant, reason)
         self.on_bind: Callable[[float], None] | None = None  # observes cold-start binding time
+        self.on_start: Callable[[float], None] | None = None  # observes a worker's start, fork to ready
         self.devices = devices or Inventory.cpu(settings.context_overhead_bytes, settings.max_contexts_per_device)
         self._discover = None if devices is not None else (discover or discover_devices)
         self.fair = FairShare(settings.max_workers, settings.reserved_workers)
@@ -257,8 +258,11 @@ class Scheduler:
 
     async def _start_worker(self, w: WorkerHandle) -> None:
         device = self.devices[w.device_index]
+        t0 = time.perf_counter()
         try:
             await w.start()
+            if self.on_start is not None:
+                self.on_start(time.perf_counter() - t0)
             self.devices.start_ok(device)
             self._background(self._watch(w))
             if self.backend == "unknown":  # every worker of a node runs the same backend

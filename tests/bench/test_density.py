@@ -31,6 +31,9 @@ def test_every_phase_reports_sane_figures_at_tiny_sizes() -> None:
     assert churn["switches_per_s"] > 0 and churn["starts_per_s"] > 0
     assert churn["max_wait_s"] + 0.001 >= churn["ms"]["max"] / 1e3 and churn["503_with_retry_after"] == churn["statuses"].get("503", 0)
     assert abs(churn["switch_to_start_ratio"] - churn["switches_per_s"] / churn["starts_per_s"]) < 0.01
+    assert churn["starts_held"] == 0 and churn["starts_per_s_held"] > 0  # two workers, two at once: none held beside
+    assert churn["node_starts"] >= 1 and churn["node_start_ms_mean"] > 0
+    assert sum(churn["worker_states_mean"].values()) > 0
 
     ceiling = res["ceiling"]
     assert ceiling["calls"] == 3 and abs(sum(ceiling["share"].values()) - 1) < 0.01

@@ -32,6 +32,8 @@ async def test_metrics_cover_invocations_http_and_workers(client: httpx.AsyncCli
     assert sum(x.value for x in s["tensorwasm_workers"]) >= 1
     assert any(x.labels["tenant"] == tenant for x in s["tensorwasm_gpu_memory_cap_bytes"])
     assert s["tensorwasm_cold_start_seconds_count"][0].value >= 1
+    starts = s["tensorwasm_worker_start_seconds_count"][0].value
+    assert starts >= 1 and s["tensorwasm_worker_start_seconds_sum"][0].value > 0  # the spare the tenant bound
     assert {x.labels["result"] for x in s["tensorwasm_kernel_compile_cache_total"]} == {"hit", "miss"}
     assert "tensorwasm_worker_restarts_total" in s
 
