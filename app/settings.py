@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     # Guest linear memory a CUDA worker may page-lock for direct copies (2 MiB chunks, kept for
     # the worker's life; 0 = every copy goes through the driver's pageable staging path).
     pinned_guest_memory_bytes: int = 256 * 1024 * 1024
+    # Hardware work queues of a worker's context (CUDA_DEVICE_MAX_CONNECTIONS). A worker runs
+    # everything on one stream, so one queue loses nothing; measured on an H200, contexts with one
+    # are created 2.5x faster, end 2.8x faster and cost ~47 MiB less host memory than with the
+    # driver's default of 8.
+    cuda_max_connections: int = Field(default=1, ge=1, le=32)
     max_workers: int = 4
     warm_spares: int = 1
     # Worker slots only a tenant with nothing running may take: a tenant with calls running holds

@@ -87,7 +87,9 @@ class WorkerHandle:
         ]
         if self.socket_path is not None:
             argv += ["--socket", self.socket_path]
-        env = {"CUDA_VISIBLE_DEVICES": self.visible_device} if self.visible_device is not None else {}
+        env = {"CUDA_DEVICE_MAX_CONNECTIONS": str(s.cuda_max_connections)}
+        if self.visible_device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_device
         if self.spawner is not None:  # the fork server makes its children die with it
             self.proc = await self.spawner.spawn(argv, env=env, limit=1 << 20)
         else:
