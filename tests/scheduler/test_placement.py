@@ -41,6 +41,24 @@ def fake_driver(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> Counter[int]:
     return attempts
 
 
+def count_starts(monkeypatch: pytest.MonkeyPatch, delay_s: float = 0.0) -> dict[str, int]:
+    """Worker starts under way now and at most at once (each `delay_s` longer than it is)."""
+    running = {"now": 0, "peak": 0}
+    real_start = WorkerHandle.start
+
+    async def start(self: WorkerHandle) -> None:
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(delay_s)
+            await real_start(self)
+        finally:
+            running["now"] -= 1
+
+    monkeypatch.setattr(WorkerHandle, "start", start)
+    return running
+
+
 async def tenant_with_echo(client: Any) -> tuple[str, dict[str, str]]:
     tid, key = await new_tenant(client)
     assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
@@ -201,18 +219,7 @@ async def test_failed_starts_back_off_per_device(app_factory, monkeypatch) -> No
 
 async def test_starts_are_bounded_in_parallel(app_factory, monkeypatch) -> None:
     gpus(monkeypatch, 4)
-    running = {"now": 0, "peak": 0}
-    real_start = WorkerHandle.start
-
-    async def start(self: WorkerHandle) -> None:
-        running["now"] += 1
-        running["peak"] = max(running["peak"], running["now"])
-        try:
-            await real_start(self)
-        finally:
-            running["now"] -= 1
-
-    monkeypatch.setattr(WorkerHandle, "start", start)
+    running = count_starts(monkeypatch)
     async with app_factory(max_workers=8, warm_spares=1, max_parallel_starts=2) as (_client, platform):
         s = platform.scheduler
         await until(lambda: sorted(w.device_index for w in s.workers if w.state == WorkerState.SPARE) == [0, 1, 2, 3], "a spare per device")
@@ -222,19 +229,7 @@ async def test_starts_are_bounded_in_parallel(app_factory, monkeypatch) -> None:
 async def test_with_every_slot_bound_waiting_tenants_start_in_parallel(app_factory, monkeypatch) -> None:
     # Each new tenant's call evicts an idle worker and starts its own at once, up to the parallel
     # bound: not one start after another, which would leave the driver idle between contexts.
-    running = {"now": 0, "peak": 0}
-    real_start = WorkerHandle.start
-
-    async def start(self: WorkerHandle) -> None:
-        running["now"] += 1
-        running["peak"] = max(running["peak"], running["now"])
-        try:
-            await asyncio.sleep(0.3)  # a context creation's length, so starts could overlap
-            await real_start(self)
-        finally:
-            running["now"] -= 1
-
-    monkeypatch.setattr(WorkerHandle, "start", start)
+    running = count_starts(monkeypatch, delay_s=0.3)  # a context creation's length: starts could overlap
     async with app_factory(max_workers=3, warm_spares=0, max_parallel_starts=3, retire_idle_after_s=3600, queue_wait_ms=30_000) as (client, platform):
         old = [await tenant_with_echo(client) for _ in range(3)]
         for _, key in old:
