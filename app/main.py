@@ -57,7 +57,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics.attach(scheduler)
         node = LocalNode(scheduler)
     else:  # a front: the scheduler runs in the supervisor
-        node = client = SupervisorClient(node_socket)
+        node = client = SupervisorClient(node_socket, settings.lease_idle_ms / 1000, app.state.tracing)
     sandbox = Sandbox(
         settings.compile_memory_bytes,
         settings.compile_timeout_s,

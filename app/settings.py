@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     reserved_workers: int = Field(default=1, ge=0)
     queue_limit: int = 256  # waiting calls are cheap (a future each) and bounded by queue_wait_ms
     queue_wait_ms: int = 1000
+    # In a node of several fronts, how long a front may keep a warm tenant's lease for further
+    # calls of that tenant before it gives it back (0: one lease per call). A held lease is
+    # returned at once when another call waits for what it holds, and after lease_idle_ms
+    # without a call; its calls are paid against the tenant's rate when it is granted.
+    lease_hold_ms: int = Field(default=100, ge=0, le=10_000)
+    lease_idle_ms: float = Field(default=5.0, ge=0)
     hard_timeout_grace_ms: int = 1000
     worker_start_timeout_s: float = 60.0
     # Fork workers from a process that already imported the runtime (no CUDA call made there);

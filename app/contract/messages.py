@@ -114,11 +114,13 @@ class Exit(_W, tag="exit"):
 
 
 class LeaseToken(msgspec.Struct, frozen=True):
-    """Proof that the supervisor leased this worker for this tenant: HMAC(secret, id|worker|tenant)."""
+    """Proof that the supervisor leased this worker for this tenant, for at most `runs` runs:
+    HMAC(secret, id|worker|tenant|runs)."""
 
     lease_id: str
     tenant_id: str
     mac: bytes
+    runs: int = 1
 
 
 class Run(_W, tag="run"):
@@ -213,12 +215,17 @@ class LeaseRequest(_N, tag="lease"):
 
 
 class Granted(_N, tag="granted"):
+    """Supervisor -> front. With `hold_s` > 0 the front may keep the lease for more calls of the
+    tenant (`token.runs` in all, their rate already taken) for `hold_s` after the grant, until it
+    releases it or is told to (`Recall`)."""
+
     req: int
     lease_id: str
     worker_id: str
     socket: str
     token: LeaseToken
     kernels_version: str  # what the worker holds now: the front sends sources when it differs
+    hold_s: float = 0.0
 
 
 class RefusalKind(StrEnum):
@@ -238,6 +245,15 @@ class ReleaseLease(_N, tag="release"):
     lease_id: str
     outcome: Outcome
     kernels_version: str = ""  # what the worker holds after the call
+    runs: int = 1  # calls the lease carried (a held lease: more than one)
+    unused: int = 0  # runs granted and paid for but not made: given back to the tenant's rate
+
+
+class Recall(_N, tag="recall"):
+    """Supervisor -> front: a call waits that these held leases may serve. Release each at once
+    when idle, after its call when one runs; start no further call on them."""
+
+    lease_ids: list[str]
 
 
 class CompileSlot(_N, tag="compile_slot"):
@@ -360,7 +376,7 @@ class Changed(_N, tag="changed"):
 
 
 NodeMessage = (
-    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | CompileSlot | SlotGranted | CompileDone | RateCheck | RateOk | View | ViewReply | Changed
+    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | Recall | CompileSlot | SlotGranted | CompileDone | RateCheck | RateOk | View | ViewReply | Changed
 )
 
 
@@ -370,6 +386,6 @@ node_encoder = msgspec.msgpack.Encoder()
 node_decoder: msgspec.msgpack.Decoder[NodeMessage] = msgspec.msgpack.Decoder(NodeMessage)
 
 
-def lease_mac(secret: bytes, lease_id: str, worker_id: str, tenant_id: str) -> bytes:
+def lease_mac(secret: bytes, lease_id: str, worker_id: str, tenant_id: str, runs: int = 1) -> bytes:
     """The token a worker checks on a front's run, without asking the supervisor."""
-    return hmac.digest(secret, f"{lease_id}|{worker_id}|{tenant_id}".encode(), "sha256")
+    return hmac.digest(secret, f"{lease_id}|{worker_id}|{tenant_id}|{runs}".encode(), "sha256")

@@ -1,5 +1,12 @@
 """A front's side of the node: the scheduler's interface over the supervisor's socket, and the
-front's own connections to leased workers (a call's bytes never pass through the supervisor)."""
+front's own connections to leased workers (a call's bytes never pass through the supervisor).
+
+Held leases (app/node/supervisor.py): a lease granted with `hold_s` is parked here after a clean
+call instead of being released, and the tenant's next call on this front takes it without asking
+the supervisor, while it has paid runs left, its hold lasts and the call's hard timeout is within
+the one the supervisor's deadline covers. A parked lease goes back after `idle_s` without a call,
+at the end of its hold, and at once when the supervisor recalls it.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from app.contract.messages import (
     RateCheck,
     RateOk,
     Readiness,
+    Recall,
     Refusal,
     RefusalKind,
     ReleaseLease,
@@ -43,6 +51,7 @@ from app.contract.messages import (
     WorkerMessage,
 )
 from app.node.ipc import pack, read_message
+from app.observability.tracing import Tracing
 from app.services.principal import TenantPrincipal
 from app.worker.client import WorkerLost
 
@@ -80,10 +89,17 @@ class RemoteLease:
     client: SupervisorClient
     grant: Granted
     conn: _Conn | None = field(default=None)
+    hard_timeout_s: float = 0.0  # the longest call the supervisor's deadline covers
+    kernels: str = ""  # what its worker holds now
+    hold_until: float = 0.0  # (event-loop time) no call starts on it later; 0: one call only
+    runs: int = 1  # calls it carried
+    runs_left: int = 0  # calls it may still carry, paid for at the grant
+    recalled: bool = False
+    idle: asyncio.TimerHandle | None = None  # set while parked
 
     @property
     def kernels_version(self) -> str:
-        return self.grant.kernels_version
+        return self.kernels
 
     async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
         run.lease = self.grant.token
@@ -102,8 +118,12 @@ class RemoteLease:
 
 
 class SupervisorClient:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, idle_s: float = 0.005, tracing: Tracing | None = None) -> None:
         self.path = path
+        self.idle_s = idle_s
+        self.tracing = tracing
+        self._holding: dict[str, RemoteLease] = {}  # held leases by id, parked or in a call
+        self._parked: dict[str, list[RemoteLease]] = {}  # by tenant id, the last parked on top
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[NodeMessage]] = {}
@@ -128,6 +148,11 @@ class SupervisorClient:
                 await self._reader_task
         if self._writer is not None:
             self._writer.close()
+        for lease in self._holding.values():
+            if lease.idle is not None:
+                lease.idle.cancel()
+        self._holding.clear()
+        self._parked.clear()
         for conns in self._pool.values():
             for c in conns:
                 c.close()
@@ -140,6 +165,9 @@ class SupervisorClient:
                 msg = await read_message(reader)
                 if isinstance(msg, Changed):
                     self._apply(msg)
+                    continue
+                if isinstance(msg, Recall):
+                    self._recalled(msg.lease_ids)
                     continue
                 req = getattr(msg, "req", None)
                 fut = self._pending.pop(req, None) if req is not None else None
@@ -226,11 +254,22 @@ class SupervisorClient:
 
     # -- NodePort -------------------------------------------------------------------------------
     async def lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> RemoteLease:
+        if check_rate:  # a held lease's calls were paid for against the rate when it was granted
+            held = self._take_parked(principal.id, hard_timeout_s)
+            if held is not None:
+                if self.tracing is not None and self.tracing.enabled:  # the lease span, from here this time
+                    with self.tracing.span("scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.lease.held": True}):
+                        pass
+                return held
         p = self._principal(principal)
         msg = await self._ask(lambda req: LeaseRequest(req, p, hard_timeout_s, check_rate, traceparent))
         if not isinstance(msg, Granted):
             raise self._refused(msg)
-        return RemoteLease(self, msg)
+        lease = RemoteLease(self, msg, hard_timeout_s=hard_timeout_s, kernels=msg.kernels_version, runs_left=msg.token.runs - 1)
+        if msg.hold_s > 0:
+            lease.hold_until = asyncio.get_running_loop().time() + msg.hold_s
+            self._holding[msg.lease_id] = lease
+        return lease
 
     def release(self, lease: object, outcome: Outcome, kernels_version: str) -> None:
         assert isinstance(lease, RemoteLease)
@@ -240,8 +279,71 @@ class SupervisorClient:
                 self._park(lease.grant.worker_id, conn)
             else:  # the worker is being replaced, or its reply is still on the way
                 conn.close()
+        if outcome == Outcome.UNUSED and lease.runs > 1:  # a held lease's call that never reached the worker
+            lease.runs, lease.runs_left, outcome = lease.runs - 1, lease.runs_left + 1, Outcome.OK
+        elif outcome != Outcome.UNUSED:
+            lease.kernels = kernels_version
+        if outcome == Outcome.OK and self._may_keep(lease):
+            self._park_lease(lease)
+            return
+        self._give_back(lease, outcome)
+
+    # -- held leases ----------------------------------------------------------------------------
+    def _may_keep(self, lease: RemoteLease) -> bool:
+        return (
+            lease.hold_until > 0 and not lease.recalled and lease.runs_left > 0
+            and asyncio.get_running_loop().time() < lease.hold_until and self._writer is not None
+        )
+
+    def _take_parked(self, tenant_id: str, hard_timeout_s: float) -> RemoteLease | None:
+        stack = self._parked.get(tenant_id)
+        while stack:
+            lease = stack.pop()
+            if not stack:
+                del self._parked[tenant_id]
+            assert lease.idle is not None
+            lease.idle.cancel()
+            lease.idle = None
+            if self._may_keep(lease) and hard_timeout_s <= lease.hard_timeout_s:
+                lease.runs += 1
+                lease.runs_left -= 1
+                return lease
+            self._give_back(lease, Outcome.OK)
+        return None
+
+    def _park_lease(self, lease: RemoteLease) -> None:
+        loop = asyncio.get_running_loop()
+        wait = max(0.0, min(self.idle_s, lease.hold_until - loop.time()))
+        lease.idle = loop.call_later(wait, self._unpark, lease)
+        self._parked.setdefault(lease.grant.token.tenant_id, []).append(lease)
+
+    def _unpark(self, lease: RemoteLease) -> None:
+        """Give back a parked lease (idle too long, its hold over, or recalled)."""
+        if lease.idle is None:
+            return  # taken by a call meanwhile
+        lease.idle.cancel()
+        lease.idle = None
+        tenant_id = lease.grant.token.tenant_id
+        stack = self._parked.get(tenant_id, [])
+        if lease in stack:
+            stack.remove(lease)
+            if not stack:
+                del self._parked[tenant_id]
+        self._give_back(lease, Outcome.OK)
+
+    def _recalled(self, lease_ids: list[str]) -> None:
+        for lease_id in lease_ids:
+            lease = self._holding.get(lease_id)
+            if lease is None:
+                continue  # given back already; the supervisor hears of it
+            lease.recalled = True
+            if lease.idle is not None:  # parked: back now; in a call: back when it ends
+                self._unpark(lease)
+
+    def _give_back(self, lease: RemoteLease, outcome: Outcome) -> None:
+        self._holding.pop(lease.grant.lease_id, None)
         with contextlib.suppress(SupervisorGone):
-            self._send(ReleaseLease(lease.grant.lease_id, outcome, kernels_version))
+            self._send(ReleaseLease(lease.grant.lease_id, outcome, lease.kernels, lease.runs, lease.runs_left))
 
     async def check_rate(self, principal: TenantPrincipal) -> None:
         p = self._principal(principal)

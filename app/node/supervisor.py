@@ -10,6 +10,15 @@ the supervisor answers `Granted` with the worker's socket and a token (HMAC of t
 worker and the tenant under a per-node key the workers got at bind); the front sends the run to
 the worker itself and reads the result; it then sends `ReleaseLease` with the outcome.
 
+Held leases: a lease granted at once while no call waits anywhere on the node may be kept by its
+front for more calls of the tenant (`Granted.hold_s`, `TENSORWASM_LEASE_HOLD_MS`), so a warm
+tenant's calls do not come here one by one. Those calls are paid for at the grant (up to the
+tenant's rate over the hold, from the upper half of its burst; what is not used is given back at
+the release), the worker admits at most that many runs on the token, and the deadline below
+covers the hold. As soon as a call has to wait, the held leases that could serve it are recalled
+(`Recall`): those of its tenant, and every tenant's when it waits for anything but its own
+concurrency limit, so FIFO within a tenant, the fair share and evictions work as before.
+
 The supervisor holds each lease to its hard deadline too: a front that never releases has its
 worker killed. A front whose connection drops has its leases released as cancelled (their
 workers are killed mid-call: the replies have nowhere to go) and its queued calls withdrawn.
@@ -57,6 +66,7 @@ from app.contract.messages import (
     Principal,
     RateCheck,
     RateOk,
+    Recall,
     Refusal,
     RefusalKind,
     ReleaseLease,
@@ -103,13 +113,23 @@ def _principal(p: Principal) -> TenantPrincipal:
 
 
 @dataclass(eq=False)
+class _Held:
+    """A lease granted to a front, with its deadline; `hold`: the front may keep it for more calls."""
+
+    lease: Lease
+    timer: asyncio.TimerHandle
+    hold: bool = False
+    recalled: bool = False
+
+
+@dataclass(eq=False)
 class _Front:
     """One front's IPC connection and what it holds."""
 
     writer: asyncio.StreamWriter
     index: int = -1
     pid: int = 0
-    leases: dict[str, tuple[Lease, asyncio.TimerHandle]] = field(default_factory=dict)
+    leases: dict[str, _Held] = field(default_factory=dict)
     unapplied: set[str] = field(default_factory=set)  # change tokens this front has yet to answer
     compiling: collections.Counter[str] = field(default_factory=collections.Counter)  # compile slots held, by tenant
     asking: set[asyncio.Task[None]] = field(default_factory=set)
@@ -135,6 +155,8 @@ class Supervisor:
         self.registry = CollectorRegistry(auto_describe=True)
         attach_scheduler(self.registry, self.scheduler)
         self.front_restarts = Counter("tensorwasm_front_restarts", "Front processes started again after they died", registry=self.registry)
+        leases = Counter("tensorwasm_leases", "Leases granted to fronts; held: kept by the front for further calls", ["held"], registry=self.registry)
+        self._granted_one, self._granted_held = leases.labels(held="false"), leases.labels(held="true")
         self.tracing = Tracing(settings)
         self.fronts: set[_Front] = set()
         self.front_procs: dict[int, asyncio.subprocess.Process] = {}
@@ -220,7 +242,7 @@ class Supervisor:
                 if isinstance(msg, LeaseRequest):
                     self._lease_request(front, msg)
                 elif isinstance(msg, ReleaseLease):
-                    self._release(front, msg.lease_id, msg.outcome, msg.kernels_version)
+                    self._release(front, msg.lease_id, msg.outcome, msg.kernels_version, msg.runs, msg.unused)
                 elif isinstance(msg, CompileSlot):
                     task = asyncio.get_running_loop().create_task(self._compile_slot(front, msg))
                     front.asking.add(task)
@@ -278,6 +300,7 @@ class Supervisor:
         if lease is not None:
             self._granted(front, msg, lease)
             return
+        self._recall(principal)
         task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
         front.asking.add(task)
         task.add_done_callback(front.asking.discard)
@@ -299,27 +322,55 @@ class Supervisor:
         if front.closed:
             self.scheduler.release(lease, Outcome.CANCELLED)
             return
-        # the front times the call itself; this is the backstop for a front that never answers
+        hold_s, runs = self.settings.lease_hold_ms / 1000, 1
+        if hold_s > 0 and msg.check_rate and self.scheduler.queue_depth() == 0:  # held only while no call waits
+            runs += self.scheduler.prepay(lease, int(principal.quota.requests_per_second * hold_s))
+        if runs == 1:
+            hold_s = 0.0
+        # the front times each call itself; this is the backstop for a front that never answers
+        # (it starts no call on a held lease past hold_s, and each call ends by its hard timeout)
         grace = self.settings.hard_timeout_grace_ms / 1000
-        timer = asyncio.get_running_loop().call_later(msg.hard_timeout_s + grace, self._overdue, front, lease.id)
-        front.leases[lease.id] = (lease, timer)
+        timer = asyncio.get_running_loop().call_later(hold_s + msg.hard_timeout_s + grace, self._overdue, front, lease.id)
+        front.leases[lease.id] = _Held(lease, timer, hold=hold_s > 0)
+        (self._granted_held if hold_s > 0 else self._granted_one).inc()
         w = lease.worker
         assert w.socket_path is not None
-        token = LeaseToken(lease.id, principal.id, lease_mac(self.secret, lease.id, w.id, principal.id))
-        front.send(Granted(msg.req, lease.id, w.id, w.socket_path, token, lease.kernels_version))
+        token = LeaseToken(lease.id, principal.id, lease_mac(self.secret, lease.id, w.id, principal.id, runs), runs)
+        front.send(Granted(msg.req, lease.id, w.id, w.socket_path, token, lease.kernels_version, hold_s))
+
+    def _recall(self, principal: TenantPrincipal) -> None:
+        """A call of this tenant has to wait: recall the held leases that could serve it (its
+        tenant's; every tenant's unless it waits for its own concurrency limit)."""
+        own_limit = self.scheduler.fair.running(principal.id) >= principal.quota.max_concurrency
+        for front in self.fronts:
+            ids = []
+            for lease_id, held in front.leases.items():
+                if held.hold and not held.recalled and (not own_limit or held.lease.tenant.principal.id == principal.id):
+                    held.recalled = True
+                    ids.append(lease_id)
+            if ids:
+                front.send(Recall(ids))
+
+    def _recall_tenant(self, tenant_id: str) -> None:
+        """The tenant changed (quota, disabled, deleted): no front runs more calls on what it holds."""
+        for front in self.fronts:
+            ids = [i for i, h in front.leases.items() if h.hold and h.lease.tenant.principal.id == tenant_id]
+            for i in ids:
+                front.leases[i].recalled = True
+            if ids:
+                front.send(Recall(ids))
 
     def _overdue(self, front: _Front, lease_id: str) -> None:
         if lease_id in front.leases:
             log.warning("front %d held lease %s past its hard deadline; killing its worker", front.index, lease_id)
             self._release(front, lease_id, Outcome.HARD_TIMEOUT, "")
 
-    def _release(self, front: _Front, lease_id: str, outcome: Outcome, kernels_version: str) -> None:
+    def _release(self, front: _Front, lease_id: str, outcome: Outcome, kernels_version: str, runs: int = 1, unused: int = 0) -> None:
         held = front.leases.pop(lease_id, None)
         if held is None:
             return  # already taken back (deadline) or never granted
-        lease, timer = held
-        timer.cancel()
-        self.scheduler.release(lease, outcome, kernels_version)
+        held.timer.cancel()
+        self.scheduler.release(held.lease, outcome, kernels_version, runs, unused)
 
     async def _compile_slot(self, front: _Front, msg: CompileSlot) -> None:
         await self.compile_limiter.acquire(msg.tenant_id)  # cancelled when the front goes
@@ -332,6 +383,7 @@ class Supervisor:
     def _changed(self, origin: _Front, msg: Changed) -> None:
         if msg.kind == ChangeKind.TENANT:
             self.scheduler.tenant_changed(msg.tenant_id)
+            self._recall_tenant(msg.tenant_id)
         if msg.req:
             self._spawn_task(self._change_fronts(origin, msg))
             return

@@ -15,15 +15,30 @@ class TokenBucket:
         self.tokens = self.capacity
         self.stamp = time.monotonic()
 
-    def take(self) -> float:
-        """Take one token. Returns 0 on success, else the seconds until one is available."""
+    def _refill(self) -> None:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
+
+    def take(self) -> float:
+        """Take one token. Returns 0 on success, else the seconds until one is available."""
+        self._refill()
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / self.rate
+
+    def take_up_to(self, n: int, keep: float = 0.0) -> int:
+        """Take at most `n` whole tokens, leaving at least `keep`; returns how many."""
+        self._refill()
+        got = max(0, min(n, int(self.tokens - keep)))
+        self.tokens -= got
+        return got
+
+    def give_back(self, n: int) -> None:
+        """Return tokens taken for calls that were not made."""
+        self._refill()
+        self.tokens = min(self.capacity, self.tokens + n)
 
     @staticmethod
     def retry_after(seconds: float) -> int:

@@ -560,19 +560,31 @@ class Scheduler:
         # unique on this node is enough: a front proves its lease with the token, not the id
         return Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
 
-    def release(self, lease: Lease, outcome: Outcome, kernels_version: str = "") -> None:
-        """Give the worker back: idle again after a clean call, replaced after anything else."""
+    def prepay(self, lease: Lease, runs: int) -> int:
+        """Take up to `runs` more calls from the lease's tenant's rate now, for a lease a front
+        keeps for further calls (app/node/supervisor.py); returns how many were taken. Only from
+        the upper half of the tenant's burst: what other fronts' calls need is never paid ahead."""
+        bucket = lease.tenant.bucket
+        return bucket.take_up_to(runs, keep=bucket.capacity / 2)
+
+    def release(self, lease: Lease, outcome: Outcome, kernels_version: str = "", runs: int = 1, unused: int = 0) -> None:
+        """Give the worker back: idle again after a clean call, replaced after anything else.
+        `runs`: the calls the lease carried; `unused`: calls paid for by `prepay` and not made."""
         if lease.released:
             return
         lease.released = True
         w = lease.worker
+        if unused > 0:
+            lease.tenant.bucket.give_back(unused)
         try:
             if outcome in (Outcome.OK, Outcome.DEVICE_ERROR):
                 w.kernels_version = kernels_version
-                w.invocations += 1
+                w.invocations += runs
                 w.last_used = time.monotonic()
             clean = outcome in (Outcome.OK, Outcome.UNUSED)
-            if clean and not w.retire_reason and w.state == WorkerState.BUSY:
+            if clean and w.proc is not None and w.proc.returncode is not None:
+                self._retire(w, "exited")  # died while leased with no call on it (a held lease)
+            elif clean and not w.retire_reason and w.state == WorkerState.BUSY:
                 w.state = WorkerState.IDLE
                 self._notify()
             elif clean:

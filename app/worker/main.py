@@ -145,7 +145,12 @@ class _Worker:
         self.tenant_id: str | None = None
         self.worker_id = ""
         self.secret = b""
-        self.seen: deque[str] = deque(maxlen=64)  # a lease admits one run
+        # A lease admits at most its `runs` runs, and only while it is the worker's newest: the
+        # supervisor leases a worker to one call (or one held lease) at a time, so a lease seen
+        # before the current one has been given back.
+        self.lease_id = ""
+        self.lease_runs = 0
+        self.past: deque[str] = deque(maxlen=64)
 
     def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:
         """Handle one message from the pipe; False when the worker should exit."""
@@ -172,11 +177,17 @@ class _Worker:
             return "no lease for this worker"
         if lease.tenant_id != self.tenant_id:
             return "the lease is for another tenant"
-        if not hmac.compare_digest(lease.mac, lease_mac(self.secret, lease.lease_id, self.worker_id, lease.tenant_id)):
+        if not hmac.compare_digest(lease.mac, lease_mac(self.secret, lease.lease_id, self.worker_id, lease.tenant_id, lease.runs)):
             return "bad lease token"
-        if lease.lease_id in self.seen:
-            return "the lease was used already"
-        self.seen.append(lease.lease_id)
+        if lease.lease_id != self.lease_id:
+            if lease.lease_id in self.past:
+                return "the lease was given back"
+            if self.lease_id:
+                self.past.append(self.lease_id)
+            self.lease_id, self.lease_runs = lease.lease_id, 0
+        if self.lease_runs >= lease.runs:
+            return "the lease's runs are used up"
+        self.lease_runs += 1
         return None
 
     def run(self, msg: Run, body: bytes, out: BinaryIO) -> None:
