@@ -17,7 +17,9 @@ tenant's rate over the hold, from the upper half of its burst; what is not used 
 the release), the worker admits at most that many runs on the token, and the deadline below
 covers the hold. As soon as a call has to wait, the held leases that could serve it are recalled
 (`Recall`): those of its tenant, and every tenant's when it waits for anything but its own
-concurrency limit, so FIFO within a tenant, the fair share and evictions work as before.
+concurrency limit; a call that holds its slot and waits for a worker (a bind, an eviction)
+recalls every held lease again, and none is granted for holding while any call waits for either.
+So FIFO within a tenant, the fair share and evictions work as before.
 
 The supervisor holds each lease to its hard deadline too: a front that never releases has its
 worker killed. A front whose connection drops has its leases released as cancelled (their
@@ -42,7 +44,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,7 @@ class Supervisor:
         self.ipc_path = str(self.run_dir / "supervisor.sock")
         self.secret = secrets.token_bytes(32)
         self.scheduler = Scheduler(settings, self.secret, self.run_dir)
+        self.scheduler.on_worker_wait = lambda: self._recall_where(lambda held: True)  # an eviction may need any worker
         self.registry = CollectorRegistry(auto_describe=True)
         attach_scheduler(self.registry, self.scheduler)
         self.front_restarts = Counter("tensorwasm_front_restarts", "Front processes started again after they died", registry=self.registry)
@@ -323,7 +326,7 @@ class Supervisor:
             self.scheduler.release(lease, Outcome.CANCELLED)
             return
         hold_s, runs = self.settings.lease_hold_ms / 1000, 1
-        if hold_s > 0 and msg.check_rate and self.scheduler.queue_depth() == 0:  # held only while no call waits
+        if hold_s > 0 and msg.check_rate and self.scheduler.waiting() == 0:  # held only while no call waits
             runs += self.scheduler.prepay(lease, int(principal.quota.requests_per_second * hold_s))
         if runs == 1:
             hold_s = 0.0
@@ -342,10 +345,13 @@ class Supervisor:
         """A call of this tenant has to wait: recall the held leases that could serve it (its
         tenant's; every tenant's unless it waits for its own concurrency limit)."""
         own_limit = self.scheduler.fair.running(principal.id) >= principal.quota.max_concurrency
+        self._recall_where(lambda held: not own_limit or held.lease.tenant.principal.id == principal.id)
+
+    def _recall_where(self, which: Callable[[_Held], bool]) -> None:
         for front in self.fronts:
             ids = []
             for lease_id, held in front.leases.items():
-                if held.hold and not held.recalled and (not own_limit or held.lease.tenant.principal.id == principal.id):
+                if held.hold and not held.recalled and which(held):
                     held.recalled = True
                     ids.append(lease_id)
             if ids:

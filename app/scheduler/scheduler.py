@@ -130,6 +130,9 @@ class Scheduler:
         self.rejections: Counter[tuple[str, str]] = Counter()  # (tenant, reason)
         self.on_bind: Callable[[float], None] | None = None  # observes cold-start binding time
         self.on_start: Callable[[float], None] | None = None  # observes a worker's start, fork to ready
+        # a call waits for a worker none of its tenant's can serve: whoever keeps idle leases
+        # busy (a supervisor's fronts) must give them back, or the call waits for their end
+        self.on_worker_wait: Callable[[], None] | None = None
         self.devices = devices or Inventory.cpu(settings.context_overhead_bytes, settings.max_contexts_per_device)
         self._discover = None if devices is not None else (discover or discover_devices)
         self.fair = FairShare(settings.max_workers, settings.reserved_workers)
@@ -417,6 +420,8 @@ class Scheduler:
                         stuck_until = None
                     elif stuck_until is None:
                         stuck_until = time.monotonic() + self.settings.queue_wait_ms / 1000
+                    if self.on_worker_wait is not None:
+                        self.on_worker_wait()
                     if stuck_until is None:
                         await self._wait_change(deadline)
                     else:
@@ -631,6 +636,10 @@ class Scheduler:
 
     def queue_depth(self) -> int:
         return self.fair.queued()
+
+    def waiting(self) -> int:
+        """Calls waiting anywhere: for a slot (queued) or, holding one, for a worker."""
+        return self.fair.queued() + self._binders
 
     def device_views(self) -> list[dict[str, Any]]:
         """Per device: status, contexts, ceiling, memory and starts (for /readyz and metrics)."""

@@ -151,6 +151,34 @@ async def test_with_nothing_idle_a_call_gets_no_capacity_within_the_queue_wait(a
             assert (await call).content == b"done"
 
 
+async def test_a_call_waiting_for_a_worker_counts_as_waiting_and_asks_for_busy_ones_back(app_factory, monkeypatch, c_guest) -> None:
+    """Holding its slot, a call that waits for a worker is one the node's held leases must not
+    keep waiting: `waiting()` counts it (no lease is granted for holding meanwhile) and
+    `on_worker_wait` fires (the supervisor recalls every held lease)."""
+    gpus(monkeypatch, 2, ceiling=1)
+    async with app_factory(max_workers=4, warm_spares=1, queue_wait_ms=10_000) as (client, platform):
+        s = platform.scheduler
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 2, "a spare on each device")
+        busy = []
+        for _ in range(2):
+            tid, key = await new_tenant(client)
+            assert (await deploy(client, key, "spin", c_guest("spin.c"))).status_code == 201
+            busy.append((tid, key))
+        _, kc = await tenant_with_echo(client)
+        asked: list[int] = []
+        s.on_worker_wait = lambda: asked.append(s.waiting())
+        assert s.waiting() == 0
+        calls = [asyncio.create_task(client.post("/v1/functions/spin/invoke", content=b"1000", headers=k)) for _, k in busy]
+        await until(lambda: all(s.fair.running(tid) == 1 and bound_device(s, tid) for tid, _ in busy), "both devices busy")
+        waiter = asyncio.create_task(echo(client, kc))
+        await until(lambda: asked, "the call to wait for a worker")
+        assert asked[0] == 1 and s.queue_depth() == 0  # it holds its slot: not queued, yet waiting
+        assert (await waiter).content == b"hi"  # a spin call ended and its idle worker was evicted
+        assert s.waiting() == 0 and s.restarts["evicted"] == 1
+        for call in calls:
+            assert (await call).content == b"done"
+
+
 async def test_a_refused_context_sets_the_ceiling_without_a_start_loop(app_factory, monkeypatch) -> None:
     gpus(monkeypatch, 1)  # no configured ceiling: the fake driver holds 2 contexts per device
 
