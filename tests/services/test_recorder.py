@@ -82,3 +82,30 @@ async def test_records_of_different_shapes_in_one_batch(database_url: str) -> No
         assert (await repo.get(sync_id)).mode == "sync"
         assert (await repo.get(stream_id)).mode == "stream"
     await engine.dispose()
+
+
+async def test_a_backlog_is_written_in_chunks_of_one_transaction(client, platform, monkeypatch) -> None:
+    """A large batch (a backlog after a locked database) goes out 250 rows a statement, so the
+    front's loop builds no more than that in one piece, and every row lands."""
+    from app.db.repositories.invocations import InvocationRepository
+
+    tid, _ = await new_tenant(client)
+    sizes: list[int] = []
+    real_insert = InvocationRepository.insert_many
+
+    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+        sizes.append(len(rows))
+        return await real_insert(self, rows)
+
+    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    rec = InvocationRecorder(platform.sessionmaker, 60, 10_000)
+    now = datetime.now(UTC)
+    base = {"function": "f", "version": 1, "status": "succeeded", "started_at": now, "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None}
+    ids = [uuid.uuid4().hex for _ in range(600)]
+    for i in ids:
+        rec.record({**base, "id": i, "tenant_id": tid})
+    await rec.flush()
+    assert sizes == [250, 250, 100] and not rec._pending
+    async with platform.sessionmaker() as s:
+        repo = InvocationRepository(s, tid)
+        assert all([await repo.get(i) is not None for i in ids])
