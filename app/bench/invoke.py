@@ -98,10 +98,12 @@ def bench_invoke(args: argparse.Namespace) -> int:
         _post(url, 1, 1, quiet)
         res["quiet_alone"] = _post(url, 1, secs, quiet)
         res["flood_at_quota"] = _post(url, q, secs, flood)
-        with ThreadPoolExecutor(2) as pool:
-            over = pool.submit(_post, url, 4 * q, secs, flood)
-            beside = pool.submit(_post, url, 1, secs, quiet)
-            res["flood_at_4x"], res["quiet_beside_flood"] = over.result(), beside.result()
+        for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
+            with ThreadPoolExecutor(2) as pool:
+                over = pool.submit(_post, url, 4 * q, secs, flood)
+                beside = pool.submit(_post, url, 1, secs, quiet)
+                tag = f"_{i}" if i else ""
+                res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
@@ -133,9 +135,14 @@ def _report(r: dict[str, WrkResult], procs: int, q: int) -> None:
     _line(f"tenant at its quota (c={q}): goodput req/s", f"{peak:.0f}")
     _line(f"tenant at 4x its quota (c={4 * q}): goodput req/s (429s)", f"{over.goodput:.0f} ({over.limited})")
     _line("goodput at 4x quota / at quota", f"{over.goodput / peak:.2f}x", ">= 0.9x", over.goodput / peak >= 0.9)
-    alone, beside = r["quiet_alone"], r["quiet_beside_flood"]
-    _line("other tenant c=1 p99 alone / beside the flood (ms)", f"{alone.p99_ms:.2f} / {beside.p99_ms:.2f}")
-    ok = beside.p99_ms <= 2 * alone.p99_ms and beside.other == 0
-    _line("other tenant p99 beside the flood / alone", f"{beside.p99_ms / alone.p99_ms:.2f}x", "<= 2.0x", ok)
-    errors = sum(v.socket_errors + v.other for k, v in r.items() if k != "flood_at_4x")
+    alone = r["quiet_alone"]
+    besides = [v for k, v in r.items() if k.startswith("quiet_beside_flood")]
+    if len(besides) > 1:
+        _line(f"other tenant c=1 p99 beside the flood, {len(besides)} runs (ms)", " ".join(f"{b.p99_ms:.1f}" for b in besides))
+    beside = max(besides, key=lambda b: b.p99_ms)  # judged on the worst run
+    worst = "worst " if len(besides) > 1 else ""
+    _line(f"other tenant c=1 p99 alone / {worst}beside the flood (ms)", f"{alone.p99_ms:.2f} / {beside.p99_ms:.2f}")
+    ok = beside.p99_ms <= 2 * alone.p99_ms and all(b.other == 0 for b in besides)
+    _line(f"other tenant p99 {worst}beside the flood / alone", f"{beside.p99_ms / alone.p99_ms:.2f}x", "<= 2.0x", ok)
+    errors = sum(v.socket_errors + v.other for k, v in r.items() if not k.startswith("flood_at_4x"))
     _line("socket errors and non-200/429 replies (all runs)", str(errors), "0", errors == 0)

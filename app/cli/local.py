@@ -76,12 +76,18 @@ def bench() -> None:
 @click.option("--processes", type=int, default=0, help="Node and baseline processes (default: min(cores, 8)).")
 @click.option("--workers", type=int, default=8, show_default=True, help="The node's TENSORWASM_MAX_WORKERS.")
 @click.option("--quota-concurrency", type=int, default=8, show_default=True, help="max_concurrency of the tenant that floods.")
+@click.option(
+    "--flood-runs", type=click.IntRange(min=1), default=1, show_default=True,
+    help="Times the flood and the other tenant beside it run (judged on the worst).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Also print every wrk result as JSON.")
-def bench_invoke(seconds: float, processes: int, workers: int, quota_concurrency: int, as_json: bool) -> None:
+def bench_invoke(seconds: float, processes: int, workers: int, quota_concurrency: int, flood_runs: int, as_json: bool) -> None:
     """Invoke latency, throughput and goodput under wrk, against a bare FastAPI echo app."""
     from app.bench.invoke import bench_invoke as run
 
-    args = Namespace(seconds=seconds, processes=processes, workers=workers, quota_concurrency=quota_concurrency, json=as_json)
+    args = Namespace(
+        seconds=seconds, processes=processes, workers=workers, quota_concurrency=quota_concurrency, flood_runs=flood_runs, json=as_json,
+    )
     raise SystemExit(run(args))
 
 

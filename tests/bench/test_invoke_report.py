@@ -1,0 +1,45 @@
+"""bench invoke's report: with several flood runs, the other tenant is judged on its worst one."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.bench.invoke import _report
+from app.bench.wrk import WrkResult
+
+
+def _result(p99_ms: float, ok: int = 1000, other: int = 0) -> WrkResult:
+    return WrkResult(
+        requests=ok + other, seconds=1.0, ok=ok, limited=0, other=other,
+        p50_ms=p99_ms / 2, p90_ms=p99_ms, p99_ms=p99_ms, max_ms=p99_ms, socket_errors=0,
+    )
+
+
+def _results(beside_p99s: list[float]) -> dict[str, WrkResult]:
+    r = {k: _result(1.0) for k in ("bare1_c32", "bareN_c1", "bareN_c32", "bareN_c256", "relay_c1", "relay_c32", "node_c1", "node_c32", "node_c256")}
+    r["quiet_alone"], r["flood_at_quota"] = _result(2.0), _result(1.0)
+    for i, p99 in enumerate(beside_p99s):
+        tag = f"_{i}" if i else ""
+        r[f"flood_at_4x{tag}"], r[f"quiet_beside_flood{tag}"] = _result(1.0, other=5), _result(p99)
+    return r
+
+
+def _line(out: str, start: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(start))
+
+
+def test_one_flood_run_is_reported_as_before(capsys: pytest.CaptureFixture[str]) -> None:
+    _report(_results([3.0]), 2, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "other tenant p99 beside the flood / alone").endswith("yes")
+    assert "runs (ms)" not in out
+    # the flood's own replies other than 200/429 are not counted as errors
+    assert _line(out, "socket errors").split()[-3:] == ["0", "0", "yes"]
+
+
+def test_several_flood_runs_are_listed_and_the_worst_decides(capsys: pytest.CaptureFixture[str]) -> None:
+    _report(_results([3.0, 9.0, 2.5]), 2, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "other tenant c=1 p99 beside the flood, 3 runs").split()[-3:] == ["3.0", "9.0", "2.5"]
+    assert _line(out, "other tenant c=1 p99 alone / worst beside").split()[-3:] == ["2.00", "/", "9.00"]
+    assert _line(out, "other tenant p99 worst beside the flood / alone").split()[-4:] == ["4.50x", "<=", "2.0x", "NO"]
