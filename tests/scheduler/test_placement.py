@@ -92,6 +92,19 @@ async def test_spares_and_bindings_spread_over_devices(app_factory, monkeypatch)
         assert s.committed_bytes() == sum(v["committed_bytes"] for v in views)
 
 
+async def both_devices_busy(client: Any, s: Any, c_guest: Any, spin_ms: int) -> list[asyncio.Task[Any]]:
+    """With a spare on each device (ceiling 1), two tenants' spin calls take both devices."""
+    await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 2, "a spare on each device")
+    busy = []
+    for _ in range(2):
+        tid, key = await new_tenant(client)
+        assert (await deploy(client, key, "spin", c_guest("spin.c"))).status_code == 201
+        busy.append((tid, key))
+    calls = [asyncio.create_task(client.post("/v1/functions/spin/invoke", content=str(spin_ms).encode(), headers=k)) for _, k in busy]
+    await until(lambda: all(s.fair.running(tid) == 1 and bound_device(s, tid) for tid, _ in busy), "both devices busy")
+    return calls
+
+
 async def test_at_the_ceiling_the_least_recently_used_idle_tenant_is_evicted(app_factory, monkeypatch) -> None:
     gpus(monkeypatch, 2, ceiling=1)
     # no spares: each call waits for its worker's start, which the queue wait bounds
@@ -131,15 +144,8 @@ async def test_with_nothing_idle_a_call_gets_no_capacity_within_the_queue_wait(a
     # a spare on each device, so the two calls bind within the short queue wait
     async with app_factory(max_workers=4, warm_spares=1, queue_wait_ms=300) as (client, platform):
         s = platform.scheduler
-        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 2, "a spare on each device")
-        busy = []
-        for _ in range(2):
-            tid, key = await new_tenant(client)
-            assert (await deploy(client, key, "spin", c_guest("spin.c"))).status_code == 201
-            busy.append((tid, key))
         _, kc = await tenant_with_echo(client)
-        calls = [asyncio.create_task(client.post("/v1/functions/spin/invoke", content=b"3000", headers=k)) for _, k in busy]
-        await until(lambda: all(s.fair.running(tid) == 1 and bound_device(s, tid) for tid, _ in busy), "both devices busy")
+        calls = await both_devices_busy(client, s, c_guest, 3000)
         t0 = time.monotonic()
         r = await echo(client, kc)
         elapsed = time.monotonic() - t0
@@ -158,18 +164,11 @@ async def test_a_call_waiting_for_a_worker_counts_as_waiting_and_asks_for_busy_o
     gpus(monkeypatch, 2, ceiling=1)
     async with app_factory(max_workers=4, warm_spares=1, queue_wait_ms=10_000) as (client, platform):
         s = platform.scheduler
-        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 2, "a spare on each device")
-        busy = []
-        for _ in range(2):
-            tid, key = await new_tenant(client)
-            assert (await deploy(client, key, "spin", c_guest("spin.c"))).status_code == 201
-            busy.append((tid, key))
         _, kc = await tenant_with_echo(client)
         asked: list[int] = []
         s.on_worker_wait = lambda: asked.append(s.waiting())
         assert s.waiting() == 0
-        calls = [asyncio.create_task(client.post("/v1/functions/spin/invoke", content=b"1000", headers=k)) for _, k in busy]
-        await until(lambda: all(s.fair.running(tid) == 1 and bound_device(s, tid) for tid, _ in busy), "both devices busy")
+        calls = await both_devices_busy(client, s, c_guest, 1000)
         waiter = asyncio.create_task(echo(client, kc))
         await until(lambda: asked, "the call to wait for a worker")
         assert asked[0] == 1 and s.queue_depth() == 0  # it holds its slot: not queued, yet waiting
