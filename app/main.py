@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -102,6 +103,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if platform.queue_runner is not None:
         await platform.queue_runner.start()
     sandbox.start()  # after the workers: the two compete for the cores at start
+    if app.state.freeze_heap:
+        # What startup built lives as long as the process: out of the collector's sight, a full
+        # collection walks only what came since (in a front under load: 63 ms over 125k objects
+        # before, 5 ms over 15k after, every call of the front waiting meanwhile)
+        gc.collect()
+        gc.freeze()
     try:
         yield
     finally:
@@ -119,10 +126,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings | None = None, span_exporter: SpanExporter | None = None, node_socket: str | None = None, front: int | None = None
+    settings: Settings | None = None, span_exporter: SpanExporter | None = None, node_socket: str | None = None, front: int | None = None,
+    freeze_heap: bool = False,
 ) -> FastAPI:
     """`node_socket`: run as front number `front` of a node of several, asking the supervisor
-    listening there for leases; None: the whole node (scheduler and workers) in this process."""
+    listening there for leases; None: the whole node (scheduler and workers) in this process.
+    `freeze_heap`: a serving process's (app/node): what startup built leaves the collector's sight."""
     app = FastAPI(
         title="TensorWasm",
         version=__version__,
@@ -133,6 +142,7 @@ def create_app(
     app.state.settings = settings
     app.state.node_socket = node_socket
     app.state.front = front
+    app.state.freeze_heap = freeze_heap
     app.state.metrics = Metrics(multiprocess=node_socket is not None)
     app.state.tracing = Tracing(settings, span_exporter)
     install_error_handlers(app)

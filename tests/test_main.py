@@ -1,4 +1,5 @@
-"""The generated admin token is shown once to a person at a terminal, never to the log stream."""
+"""The app's startup: the generated admin token is shown once to a person at a terminal, never to
+the log stream; a serving process freezes what startup built out of the collector's sight."""
 
 from __future__ import annotations
 
@@ -44,3 +45,35 @@ async def test_generated_token_is_shown_once_on_a_terminal(
     assert all(token not in r.getMessage() for r in caplog.records)
     assert await _start(database_url, tmp_path, log_format="console") == token
     assert token not in capsys.readouterr().err  # the second start does not show it again
+
+
+_FREEZE_PROBE = """
+import asyncio, gc, sys
+from app.main import create_app
+from tests.helpers import make_settings
+
+async def main(freeze):
+    app = create_app(make_settings(sys.argv[1], sys.argv[2], max_workers=1), freeze_heap=freeze)
+    async with app.router.lifespan_context(app):
+        print(gc.get_freeze_count())
+
+asyncio.run(main(sys.argv[3] == "1"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_serving_process_freezes_what_startup_built(database_url: str, tmp_path: Path, freeze: bool) -> None:
+    """A front (and the one-process node) moves its startup heap out of the cyclic collector's
+    sight, so a full collection under load walks only what came since; an app built for tests
+    does not (it would keep every test's garbage)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE, database_url, str(tmp_path), "1" if freeze else "0"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    frozen = int(out.stdout.strip().splitlines()[-1])
+    assert frozen > 10_000 if freeze else frozen == 0

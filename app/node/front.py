@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings)
     sock = socket.socket(fileno=args.fd)  # the family (IPv4/IPv6) comes from the socket itself
     config = uvicorn.Config(
-        create_app(settings, node_socket=args.ipc, front=args.index),
+        create_app(settings, node_socket=args.ipc, front=args.index, freeze_heap=True),
         log_level=settings.log_level,
         log_config=None,
         access_log=False,

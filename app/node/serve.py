@@ -21,7 +21,7 @@ def serve(settings: Settings, host: str, port: int) -> int:
     from app.main import create_app
 
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, freeze_heap=True),
         host=host,
         port=port,
         log_level=settings.log_level,

@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import gc
 import getpass
 import itertools
 import logging
@@ -185,6 +186,8 @@ class Supervisor:
                 self._spawn_task(self._keep_front(i, listener))
             log_serving(self.scheduler, self.settings, self.settings.processes)
             log.info("node listening on http://%s:%d", self.host, self.port)
+            gc.collect()
+            gc.freeze()  # as the fronts do (app/main.py): a full collection walks only what came since
             await self._stopping.wait()
         finally:
             await self._stop_fronts()
