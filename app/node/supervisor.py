@@ -34,7 +34,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import gc
 import getpass
 import itertools
 import logging
@@ -80,7 +79,7 @@ from app.contract.messages import (
     lease_mac,
 )
 from app.node.ipc import pack, read_message
-from app.node.startup import log_serving
+from app.node.startup import freeze_startup_heap, log_serving
 from app.observability.metrics import attach_scheduler
 from app.observability.tracing import Tracing
 from app.sandbox.limiter import FairLimiter
@@ -186,8 +185,7 @@ class Supervisor:
                 self._spawn_task(self._keep_front(i, listener))
             log_serving(self.scheduler, self.settings, self.settings.processes)
             log.info("node listening on http://%s:%d", self.host, self.port)
-            gc.collect()
-            gc.freeze()  # as the fronts do (app/main.py): a full collection walks only what came since
+            freeze_startup_heap()
             await self._stopping.wait()
         finally:
             await self._stop_fronts()
@@ -351,6 +349,8 @@ class Supervisor:
         self._recall_where(lambda held: not own_limit or held.lease.tenant.principal.id == principal.id)
 
     def _recall_where(self, which: Callable[[_Held], bool]) -> None:
+        if self.settings.lease_hold_ms == 0:
+            return  # no lease is held: every waiting call would walk every lease for nothing
         for front in self.fronts:
             ids = []
             for lease_id, held in front.leases.items():
@@ -362,12 +362,7 @@ class Supervisor:
 
     def _recall_tenant(self, tenant_id: str) -> None:
         """The tenant changed (quota, disabled, deleted): no front runs more calls on what it holds."""
-        for front in self.fronts:
-            ids = [i for i, h in front.leases.items() if h.hold and h.lease.tenant.principal.id == tenant_id]
-            for i in ids:
-                front.leases[i].recalled = True
-            if ids:
-                front.send(Recall(ids))
+        self._recall_where(lambda held: held.lease.tenant.principal.id == tenant_id)
 
     def _overdue(self, front: _Front, lease_id: str) -> None:
         if lease_id in front.leases:
