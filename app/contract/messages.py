@@ -45,6 +45,7 @@ class RunStatus(StrEnum):
     TIMEOUT = "timeout"
     DEVICE_ERROR = "device_error"
     ARTIFACT_ERROR = "artifact_error"
+    CANCELLED = "cancelled"  # the caller went away and the worker stopped the guest
 
 
 class Outcome(StrEnum):

@@ -52,6 +52,7 @@ from app.contract.messages import (
 )
 from app.node.ipc import pack, read_message
 from app.observability.tracing import Tracing
+from app.scheduler.leases import outcome_of
 from app.services.principal import TenantPrincipal
 from app.worker.client import WorkerLost
 
@@ -287,6 +288,36 @@ class SupervisorClient:
             self._park_lease(lease)
             return
         self._give_back(lease, outcome)
+
+    def stop(self, lease: object, within_s: float, kernels_version: str) -> None:
+        assert isinstance(lease, RemoteLease)
+        conn, lease.conn = lease.conn, None
+        if conn is None:  # the run never left: nothing to stop
+            self.release(lease, Outcome.UNUSED, kernels_version)
+            return
+        task = asyncio.get_running_loop().create_task(self._stop(lease, conn, within_s, kernels_version))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _stop(self, lease: RemoteLease, conn: _Conn, within_s: float, kernels_version: str) -> None:
+        """Half-close the run's connection (the worker stops the guest when it turns readable)
+        and read to the worker's answer; the lease, and so the tenant's slot, is held till then."""
+        outcome = Outcome.HARD_TIMEOUT
+        try:
+            async with asyncio.timeout(within_s):
+                conn.writer.write_eof()
+                while True:
+                    msg, _ = await read_frame_async(conn.reader)
+                    if not isinstance(msg, Chunk):  # a streamed run's output is nobody's now
+                        break
+            outcome = outcome_of(msg)
+        except TimeoutError:
+            pass  # stuck outside the guest's code (a host call): replaced, as at its deadline
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError):
+            outcome = Outcome.LOST
+        finally:
+            conn.close()  # half-closed: never pooled
+            self.release(lease, outcome, kernels_version)
 
     # -- held leases ----------------------------------------------------------------------------
     def _may_keep(self, lease: RemoteLease) -> bool:

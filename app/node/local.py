@@ -21,6 +21,11 @@ class LocalNode:
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:
         self.scheduler.release(cast(Lease, lease), outcome, kernels_version)
 
+    def stop(self, lease: CallLease, within_s: float, kernels_version: str) -> None:
+        # the worker's pipe carries its control messages too: nothing reaches a running guest
+        # on it, so the worker is replaced (its reply would be orphaned)
+        self.release(lease, Outcome.CANCELLED, kernels_version)
+
     async def check_rate(self, principal: TenantPrincipal) -> None:
         self.scheduler.check_rate(principal)
 

@@ -8,6 +8,7 @@ enforced at the write that crosses them, and a flood traps at once instead of sp
 from __future__ import annotations
 
 import ctypes
+import select
 import struct
 import threading
 import time
@@ -88,15 +89,42 @@ class _Sink:
 
 
 class _Ticker(threading.Thread):
+    """Advances the engine's epoch every tick (the guests' time limit) and, while a run is
+    watched, stops its guest once the run's connection turns readable: the caller that sent it
+    gave up (a front half-closes it), so the worker answers at once and stays the tenant's."""
+
     def __init__(self, engine: wasmtime.Engine, tick_s: float) -> None:
         super().__init__(name="epoch-ticker", daemon=True)
         self.engine = engine
         self.tick_s = tick_s
+        self.lock = threading.Lock()
+        self.watched: tuple[int, int] | None = None  # (run number, descriptor) of the running guest
+        self.stopped = -1  # the run number the last stop was for
+        self.ticks = 0  # the running guest's epoch deadline, in ticks
 
     def run(self) -> None:
         while True:
-            time.sleep(self.tick_s)
+            watched = self.watched
+            if watched is None:
+                time.sleep(self.tick_s)
+            else:
+                try:
+                    readable, _, _ = select.select([watched[1]], [], [], self.tick_s)
+                except (OSError, ValueError):  # closed since: that run is over
+                    readable = []
+                    time.sleep(self.tick_s)
+                if readable:
+                    self._stop(watched[0])
             self.engine.increment_epoch()
+
+    def _stop(self, run: int) -> None:
+        with self.lock:  # the run may have ended (and the next begun) since the select
+            if self.watched is None or self.watched[0] != run:
+                return
+            self.watched, self.stopped = None, run
+            # past the guest's deadline: it traps at its next epoch check (a call or a loop edge)
+            for _ in range(self.ticks + 1):
+                self.engine.increment_epoch()
 
 
 _CHARS = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
@@ -144,7 +172,9 @@ class GuestRunner:
         self._stdout = _Sink()
         self._stderr = _Sink()
         self.on_stdout: Callable[[bytes], None] | None = None  # where a streamed call's stdout goes
-        _Ticker(engine, tick_ms / 1000).start()
+        self._ticker = _Ticker(engine, tick_ms / 1000)
+        self._ticker.start()
+        self._runs = 0
 
     # -- module cache -------------------------------------------------------------------------
     def _instance_pre(self, sha256: str) -> wasmtime.InstancePre:
@@ -198,8 +228,22 @@ class GuestRunner:
             raise RuntimeError(f"the worker's warm-up guest failed: {result.error}")
 
     # -- one invocation -----------------------------------------------------------------------
-    def run(self, req: Run, stdin: bytes) -> RunResult:
+    def run(self, req: Run, stdin: bytes, watch: int | None = None) -> RunResult:
+        """One invocation. `watch`: a descriptor that turns readable when the caller gives up,
+        which stops the guest (status `cancelled`; the worker stays clean)."""
         started = time.perf_counter()
+        self._runs += 1
+        if watch is not None:
+            with self._ticker.lock:
+                self._ticker.watched = (self._runs, watch)
+        try:
+            return self._run(req, stdin, started)
+        finally:
+            if watch is not None:
+                with self._ticker.lock:
+                    self._ticker.watched = None
+
+    def _run(self, req: Run, stdin: bytes, started: float) -> RunResult:
         self._stdout.reset(req.stdout_limit, tail_only=False, emit=self.on_stdout if req.stream else None)
         self._stderr.reset(req.stderr_limit, tail_only=True)
         result = RunResult(status="ok")
@@ -239,7 +283,8 @@ class GuestRunner:
         if stdin:  # an empty body needs no stdin at all: reads see EOF
             _set_stdin(wasi, stdin)
         store.set_wasi(wasi)
-        store.set_epoch_deadline(max(1, -(-req.timeout_ms // self.tick_ms)) + 1)
+        self._ticker.ticks = ticks = max(1, -(-req.timeout_ms // self.tick_ms)) + 1
+        store.set_epoch_deadline(ticks)
         try:
             instance = pre.instantiate(store)
             _export(store, instance, b"_start")(store)
@@ -252,7 +297,9 @@ class GuestRunner:
         except OutputLimitExceeded as exc:
             result.status, result.error = "output_limit", str(exc)
         except wasmtime.Trap as exc:
-            if exc.trap_code == wasmtime.TrapCode.INTERRUPT:
+            if exc.trap_code == wasmtime.TrapCode.INTERRUPT and self._ticker.stopped == self._runs:
+                result.status, result.error = "cancelled", "the caller went away; the guest was stopped"
+            elif exc.trap_code == wasmtime.TrapCode.INTERRUPT:
                 result.status = "timeout"
                 result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
             else:

@@ -44,6 +44,7 @@ _STATUS: dict[RunStatus, InvocationStatus] = {
     RunStatus.TIMEOUT: InvocationStatus.TIMEOUT,
     RunStatus.DEVICE_ERROR: InvocationStatus.DEVICE_ERROR,
     RunStatus.ARTIFACT_ERROR: InvocationStatus.INTERNAL_ERROR,
+    RunStatus.CANCELLED: InvocationStatus.CLIENT_CLOSED,  # the caller is gone by then: only recorded
 }
 
 # The synchronous call's answer for each way a run ends: HTTP status and error code.
@@ -166,14 +167,22 @@ class Executor:
     ) -> tuple[Result, bytes]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
-        outcome = Outcome.UNUSED  # the caller went away before the run was sent
+        outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
             if lease.kernels_version != kernels.version:
                 run.kernels = kernels.sources
-            outcome = Outcome.CANCELLED  # unless the exchange ends: the caller went away mid-call
+            loop = asyncio.get_running_loop()
+            end = loop.time() + hard_timeout
+            outcome = Outcome.CANCELLED  # anything unforeseen mid-exchange: its reply is orphaned
             try:
                 async with asyncio.timeout(hard_timeout):  # no extra task, unlike wait_for
                     reply, out = await lease.exchange(run, body, on_chunk)
+            except asyncio.CancelledError:
+                # the caller went away mid-call: its guest is stopped and the lease released
+                # once the worker answers, so a tenant's disconnects cost no worker starts
+                outcome = None
+                self.node.stop(lease, max(0.0, end - loop.time()), kernels.version)
+                raise
             except TimeoutError:
                 outcome = Outcome.HARD_TIMEOUT
                 raise HardTimeout() from None
@@ -186,7 +195,8 @@ class Executor:
                 raise WorkerCrashed()
             return reply, out
         finally:
-            self.node.release(lease, outcome, kernels.version)
+            if outcome is not None:
+                self.node.release(lease, outcome, kernels.version)
 
 
 @dataclass

@@ -190,11 +190,13 @@ class _Worker:
         self.lease_runs += 1
         return None
 
-    def run(self, msg: Run, body: bytes, out: BinaryIO) -> None:
+    def run(self, msg: Run, body: bytes, out: BinaryIO, watch: int | None = None) -> None:
+        """`watch`: the front's connection the run came on; a front whose caller went away
+        half-closes it, which stops the guest (app/runtime/runner.py)."""
         if msg.stream:  # stdout leaves as written, on the channel the run came from
             self.runner.on_stdout = lambda data: write_frame(out, Chunk(), data)
             write_frame(out, Chunk())  # the guest is starting: the caller may begin its response
-        res = self.runner.run(msg, body)
+        res = self.runner.run(msg, body, watch)
         write_frame(
             out,
             Result(
@@ -263,7 +265,7 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
                         elif (why := worker.admit(msg)) is not None:
                             write_frame(wfile, Refused(error=why))
                         else:
-                            worker.run(msg, body, wfile)
+                            worker.run(msg, body, wfile, watch=fd)
                     except (ProtocolError, OSError):  # the front went away mid-frame
                         drop(fd)
     finally:

@@ -51,6 +51,47 @@ async def test_concurrency_holds_across_fronts(node: tuple[Any, str]) -> None:
             first.cancel()
 
 
+async def test_a_caller_that_goes_away_stops_its_guest_and_the_worker_stays(node: tuple[Any, str]) -> None:
+    """A disconnect mid-call (plain or streamed) stops the guest at once and frees the tenant's
+    slot; the worker is not replaced, so disconnects cost the node no context starts."""
+    proc, base = node
+    await both_fronts(proc)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, max_concurrency=1, timeout_ms=30_000)
+        for fn in ("loop", "echo", "write_then_spin"):
+            assert (await deploy(admin, key, fn, wat(fn))).status_code == 201
+        assert (await admin.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
+        mine = [w for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json() if w["tenant_id"] == tid]
+        assert len(mine) == 1
+        before = samples((await admin.get("/metrics")).text, "tensorwasm_worker_restarts_total")
+
+        async def slot_free() -> bool:
+            return (await admin.get("/v1/usage", headers=key)).json()["running"] == 0
+
+        async with http(base) as caller:
+            call = asyncio.create_task(caller.post("/v1/functions/loop/invoke", headers=key))
+            await until(lambda: tenant_busy(admin, tid), "the endless call to run")
+            t0 = time.monotonic()
+            call.cancel()  # the client goes away
+            await until(slot_free, "the stopped call to give its slot back", limit_s=10)
+            assert time.monotonic() - t0 < 5  # stopped, not run out to its 30 s limit
+
+        async with http(base) as caller:
+            async with caller.stream("POST", "/v1/functions/write_then_spin/invoke", headers={**key, "Accept": "text/event-stream"}) as s:
+                assert s.status_code == 200
+                async for chunk in s.aiter_text():
+                    if "event: output" in chunk:
+                        break  # leaves mid-stream: the response is closed here
+        await until(slot_free, "the stopped stream to give its slot back", limit_s=10)
+
+        r = await admin.post("/v1/functions/echo/invoke", headers=key, content=b"after")
+        assert r.status_code == 200 and r.text == "after"
+        now = [w for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json() if w["tenant_id"] == tid]
+        assert [(w["id"], w["pid"]) for w in now] == [(w["id"], w["pid"]) for w in mine]
+        assert now[0]["invocations"] == 4  # warm, the stopped two, and the last
+        assert samples((await admin.get("/metrics")).text, "tensorwasm_worker_restarts_total") == before
+
+
 async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], tmp_path: Path) -> None:
     proc, base = node
     a, b = await both_fronts(proc)
