@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.node import bare_echo, bare_relay, server, setup_tenant
 from app.bench.wrk import INSTALL_HINT, WrkResult, run_wrk, wrk_path
@@ -98,20 +99,29 @@ def bench_invoke(args: argparse.Namespace) -> int:
         _post(url, 1, 1, quiet)
         res["quiet_alone"] = _post(url, 1, secs, quiet)
         res["flood_at_quota"] = _post(url, q, secs, flood)
+        replaced = -_replaced(client)
         for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
             with ThreadPoolExecutor(2) as pool:
                 over = pool.submit(_post, url, 4 * q, secs, flood)
                 beside = pool.submit(_post, url, 1, secs, quiet)
                 tag = f"_{i}" if i else ""
                 res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
+        replaced += _replaced(client)
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
-    _report(res, procs, q)
+    _report(res, procs, q, replaced)
     return 0
 
 
-def _report(r: dict[str, WrkResult], procs: int, q: int) -> None:
+def _replaced(client: httpx.Client) -> int:
+    """Workers the node has replaced so far, for any reason (each costs a context start)."""
+    text = client.get("/metrics").text
+    families = text_string_to_metric_families(text)
+    return int(sum(s.value for f in families for s in f.samples if s.name == "tensorwasm_worker_restarts_total"))
+
+
+def _report(r: dict[str, WrkResult], procs: int, q: int, replaced: int | None = None) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
     _line("node invoke c=1 p50 / p99 (ms)", f"{r['node_c1'].p50_ms:.3f} / {r['node_c1'].p99_ms:.3f}")
@@ -144,5 +154,7 @@ def _report(r: dict[str, WrkResult], procs: int, q: int) -> None:
     _line(f"other tenant c=1 p99 alone / {worst}beside the flood (ms)", f"{alone.p99_ms:.2f} / {beside.p99_ms:.2f}")
     ok = beside.p99_ms <= 2 * alone.p99_ms and all(b.other == 0 for b in besides)
     _line(f"other tenant p99 {worst}beside the flood / alone", f"{beside.p99_ms / alone.p99_ms:.2f}x", "<= 2.0x", ok)
+    if replaced is not None:  # wrk closes its connections mid-call at the end of each run
+        _line("workers replaced during the flood runs", str(replaced))
     errors = sum(v.socket_errors + v.other for k, v in r.items() if not k.startswith("flood_at_4x"))
     _line("socket errors and non-200/429 replies (all runs)", str(errors), "0", errors == 0)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
-from app.bench.invoke import _report
+from app.bench.invoke import _replaced, _report
 from app.bench.wrk import WrkResult
 
 
@@ -43,3 +44,19 @@ def test_several_flood_runs_are_listed_and_the_worst_decides(capsys: pytest.Capt
     assert _line(out, "other tenant c=1 p99 beside the flood, 3 runs").split()[-3:] == ["3.0", "9.0", "2.5"]
     assert _line(out, "other tenant c=1 p99 alone / worst beside").split()[-3:] == ["2.00", "/", "9.00"]
     assert _line(out, "other tenant p99 worst beside the flood / alone").split()[-4:] == ["4.50x", "<=", "2.0x", "NO"]
+
+
+def test_workers_replaced_during_the_floods_are_counted_from_the_nodes_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (
+        "# HELP tensorwasm_worker_restarts_total Workers replaced, by reason\n"
+        "# TYPE tensorwasm_worker_restarts_total counter\n"
+        'tensorwasm_worker_restarts_total{reason="evicted"} 2.0\n'
+        'tensorwasm_worker_restarts_total{reason="cancelled"} 3.0\n'
+        "# HELP tensorwasm_workers Worker processes by state\n"
+        "# TYPE tensorwasm_workers gauge\n"
+        'tensorwasm_workers{state="idle"} 7.0\n'
+    )
+    with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
+        assert _replaced(client) == 5
+    _report(_results([3.0]), 2, 8, replaced=5)
+    assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-1] == "5"
