@@ -49,6 +49,15 @@ class Metrics:
         self.invocation_seconds = Histogram(
             "tensorwasm_invocation_duration_seconds", "Invocation latency (api view, queueing included)", ["tenant"], buckets=LATENCY_BUCKETS, registry=r
         )
+        # where a call's time went: waiting for its lease (a slot, a worker) and its guest's run;
+        # the rest of the duration above is the front's and the transport's
+        self.wait_seconds = Histogram(
+            "tensorwasm_invocation_wait_seconds", "Invocation time waiting for a lease (a slot and a worker)", ["tenant"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.run_seconds = Histogram(
+            "tensorwasm_invocation_run_seconds", "Guest run time, as the worker measured it", ["tenant"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.kernel_launches = Counter("tensorwasm_kernel_launches", "Kernel launches by guests", ["tenant"], registry=r)
         self.compile_cache = Counter("tensorwasm_kernel_compile_cache", "Kernel module loads by compile-cache result", ["result"], registry=r)
         self.http_requests = Counter("tensorwasm_http_requests", "HTTP requests by route template", ["method", "route", "status"], registry=r)
@@ -107,6 +116,12 @@ class Metrics:
             self.async_running.set(running)
 
         runner.on_counts = on_counts
+
+    def waited(self, tenant: str, seconds: float) -> None:
+        self.child(self.wait_seconds, tenant).observe(seconds)
+
+    def ran(self, tenant: str, seconds: float) -> None:
+        self.child(self.run_seconds, tenant).observe(seconds)
 
     def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: HostCounts | None) -> None:
         self.child(self.invocations, tenant, function, outcome).inc()

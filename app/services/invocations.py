@@ -166,7 +166,9 @@ class Executor:
         on_chunk: Callable[[bytes], None] | None,
     ) -> tuple[Result, bytes]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
+        t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
+        self.metrics.waited(tenant.name, time.perf_counter() - t0)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
             if lease.kernels_version != kernels.version:
@@ -193,6 +195,7 @@ class Executor:
             if not isinstance(reply, Result):
                 log.error("worker answered a run with %s", reply)
                 raise WorkerCrashed()
+            self.metrics.ran(tenant.name, reply.duration_ms / 1000)
             return reply, out
         finally:
             if outcome is not None:

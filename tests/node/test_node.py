@@ -239,6 +239,11 @@ async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
         text = (await admin.get("/metrics")).text
     assert samples(text, "tensorwasm_invocations_total", tenant=tenant, outcome="succeeded") == 7
     assert samples(text, "tensorwasm_invocation_duration_seconds_count", tenant=tenant) == 7
+    # where each call's time went, from both fronts: its wait for a lease and its guest's run
+    assert samples(text, "tensorwasm_invocation_wait_seconds_count", tenant=tenant) == 7
+    assert samples(text, "tensorwasm_invocation_run_seconds_count", tenant=tenant) == 7
+    run_s = samples(text, "tensorwasm_invocation_run_seconds_sum", tenant=tenant)
+    assert 0 < run_s < samples(text, "tensorwasm_invocation_duration_seconds_sum", tenant=tenant)
     assert samples(text, "tensorwasm_workers", state="idle") >= 1  # the supervisor's families, in the same scrape
     assert text.count("# TYPE tensorwasm_workers gauge") == 1
 
