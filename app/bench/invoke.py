@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from app.bench.node import bare_echo, bare_relay, server, setup_tenant
 from app.bench.wrk import INSTALL_HINT, WrkResult, run_wrk, wrk_path
@@ -99,17 +100,18 @@ def bench_invoke(args: argparse.Namespace) -> int:
         _post(url, 1, 1, quiet)
         res["quiet_alone"] = _post(url, 1, secs, quiet)
         res["flood_at_quota"] = _post(url, q, secs, flood)
-        replaced = -_replaced(client)
+        first = before = _samples(client)
         slow: list[Slow] = []
         for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
-            before = _slow_calls(client, "quiet")
             with ThreadPoolExecutor(2) as pool:
                 over = pool.submit(_post, url, 4 * q, secs, flood)
                 beside = pool.submit(_post, url, 1, secs, quiet)
                 tag = f"_{i}" if i else ""
                 res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
-            slow.append(_slow_calls(client, "quiet") - before)
-        replaced += _replaced(client)
+            after = _samples(client)
+            slow.append(_slow_calls(after, "quiet") - _slow_calls(before, "quiet"))
+            before = after
+        replaced = _replaced(before) - _replaced(first)
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
@@ -133,16 +135,20 @@ class Slow:
         return Slow(self.total - other.total, self.waiting - other.waiting, self.running - other.running)
 
 
-def _slow_calls(client: httpx.Client, tenant: str) -> Slow:
+def _samples(client: httpx.Client) -> list[Sample]:
+    """One scrape of the node's metrics."""
+    return [s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples]
+
+
+def _slow_calls(samples: list[Sample], tenant: str) -> Slow:
     counts: dict[str, float] = {}
-    for f in text_string_to_metric_families(client.get("/metrics").text):
-        for s in f.samples:
-            if s.labels.get("tenant") != tenant:
-                continue
-            if s.name.endswith("_count"):
-                counts[s.name.removesuffix("_count")] = counts.get(s.name.removesuffix("_count"), 0) + s.value
-            elif s.name.endswith("_bucket") and float(s.labels["le"]) == SLOW_S:
-                counts[s.name.removesuffix("_bucket")] = counts.get(s.name.removesuffix("_bucket"), 0) - s.value
+    for s in samples:
+        if s.labels.get("tenant") != tenant:
+            continue
+        if s.name.endswith("_count"):
+            counts[s.name.removesuffix("_count")] = counts.get(s.name.removesuffix("_count"), 0) + s.value
+        elif s.name.endswith("_bucket") and float(s.labels["le"]) == SLOW_S:
+            counts[s.name.removesuffix("_bucket")] = counts.get(s.name.removesuffix("_bucket"), 0) - s.value
 
     def over(name: str) -> int:
         return int(counts.get(f"tensorwasm_invocation_{name}_seconds", 0))
@@ -150,11 +156,9 @@ def _slow_calls(client: httpx.Client, tenant: str) -> Slow:
     return Slow(over("duration"), over("wait"), over("run"))
 
 
-def _replaced(client: httpx.Client) -> int:
+def _replaced(samples: list[Sample]) -> int:
     """Workers the node has replaced so far, for any reason (each costs a context start)."""
-    text = client.get("/metrics").text
-    families = text_string_to_metric_families(text)
-    return int(sum(s.value for f in families for s in f.samples if s.name == "tensorwasm_worker_restarts_total"))
+    return int(sum(s.value for s in samples if s.name == "tensorwasm_worker_restarts_total"))
 
 
 def _report(r: dict[str, WrkResult], procs: int, q: int, replaced: int | None = None, slow: list[Slow] | None = None) -> None:

@@ -168,13 +168,12 @@ class Executor:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
         t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
-        self.metrics.waited(tenant.name, time.perf_counter() - t0)
+        leased = time.perf_counter()
+        self.metrics.waited(tenant.name, leased - t0)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
             if lease.kernels_version != kernels.version:
                 run.kernels = kernels.sources
-            loop = asyncio.get_running_loop()
-            end = loop.time() + hard_timeout
             outcome = Outcome.CANCELLED  # anything unforeseen mid-exchange: its reply is orphaned
             try:
                 async with asyncio.timeout(hard_timeout):  # no extra task, unlike wait_for
@@ -183,7 +182,7 @@ class Executor:
                 # the caller went away mid-call: its guest is stopped and the lease released
                 # once the worker answers, so a tenant's disconnects cost no worker starts
                 outcome = None
-                self.node.stop(lease, max(0.0, end - loop.time()), kernels.version)
+                self.node.stop(lease, max(0.0, hard_timeout - (time.perf_counter() - leased)), kernels.version)
                 raise
             except TimeoutError:
                 outcome = Outcome.HARD_TIMEOUT

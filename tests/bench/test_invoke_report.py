@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.bench.invoke import Slow, _replaced, _report, _slow_calls
+from app.bench.invoke import Slow, _replaced, _report, _samples, _slow_calls
 from app.bench.wrk import WrkResult
 
 
@@ -57,7 +57,7 @@ def test_workers_replaced_during_the_floods_are_counted_from_the_nodes_metrics(c
         'tensorwasm_workers{state="idle"} 7.0\n'
     )
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        assert _replaced(client) == 5
+        assert _replaced(_samples(client)) == 5
     _report(_results([3.0]), 2, 8, replaced=5)
     assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-1] == "5"
 
@@ -75,7 +75,7 @@ def test_the_other_tenants_slow_calls_are_split_by_where_they_waited(capsys: pyt
     text = histogram("duration", "quiet", 90, 100) + histogram("wait", "quiet", 96, 100) + histogram("run", "quiet", 100, 100)
     text += histogram("duration", "flood", 0, 500)  # another tenant's are not counted
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        slow = _slow_calls(client, "quiet")
+        slow = _slow_calls(_samples(client), "quiet")
     assert slow == Slow(total=10, waiting=4, running=0)
     assert slow - Slow(3, 1, 0) == Slow(7, 3, 0)
     _report(_results([3.0, 4.0]), 2, 8, slow=[Slow(7, 3, 0), Slow(0, 0, 0)])
