@@ -19,6 +19,7 @@ from app.node.port import NodePort
 from app.node.startup import announce_admin_token, freeze_startup_heap, log_serving
 from app.observability.metrics import Metrics
 from app.observability.middleware import ObservabilityMiddleware
+from app.observability.stalls import StallWatch
 from app.observability.tracing import Tracing
 from app.platform import Platform
 from app.queue.runner import QueueRunner
@@ -104,9 +105,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sandbox.start()  # after the workers: the two compete for the cores at start
     if app.state.freeze_heap:
         freeze_startup_heap()
+    stalls = StallWatch(metrics.loop_lag, metrics.gc_pause)
+    stalls.start()
     try:
         yield
     finally:
+        await stalls.stop()
         if platform.queue_runner is not None:
             await platform.queue_runner.stop()
         await refresher.stop()

@@ -101,21 +101,24 @@ def bench_invoke(args: argparse.Namespace) -> int:
         res["quiet_alone"] = _post(url, 1, secs, quiet)
         res["flood_at_quota"] = _post(url, q, secs, flood)
         first = before = _samples(client)
+        host_before = HostCpu.read()
         slow: list[Slow] = []
+        stalls: list[Stalls] = []
         for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
             with ThreadPoolExecutor(2) as pool:
                 over = pool.submit(_post, url, 4 * q, secs, flood)
                 beside = pool.submit(_post, url, 1, secs, quiet)
                 tag = f"_{i}" if i else ""
                 res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
-            after = _samples(client)
+            after, host_after = _samples(client), HostCpu.read()
             slow.append(_slow_calls(after, "quiet") - _slow_calls(before, "quiet"))
-            before = after
+            stalls.append(_stalls(after, host_after) - _stalls(before, host_before))
+            before, host_before = after, host_after
         replaced = _replaced(before) - _replaced(first)
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
-    _report(res, procs, q, replaced, slow)
+    _report(res, procs, q, replaced, slow, stalls)
     return 0
 
 
@@ -140,20 +143,70 @@ def _samples(client: httpx.Client) -> list[Sample]:
     return [s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples]
 
 
-def _slow_calls(samples: list[Sample], tenant: str) -> Slow:
-    counts: dict[str, float] = {}
+def _over(samples: list[Sample], family: str, bound: float = SLOW_S, **labels: str) -> int:
+    """Observations of a histogram family above `bound` (one of its bucket bounds), summed over
+    the series that carry `labels`."""
+    n = 0.0
     for s in samples:
-        if s.labels.get("tenant") != tenant:
+        if any(s.labels.get(k) != v for k, v in labels.items()):
             continue
-        if s.name.endswith("_count"):
-            counts[s.name.removesuffix("_count")] = counts.get(s.name.removesuffix("_count"), 0) + s.value
-        elif s.name.endswith("_bucket") and float(s.labels["le"]) == SLOW_S:
-            counts[s.name.removesuffix("_bucket")] = counts.get(s.name.removesuffix("_bucket"), 0) - s.value
+        if s.name == f"{family}_count":
+            n += s.value
+        elif s.name == f"{family}_bucket" and float(s.labels["le"]) == bound:
+            n -= s.value
+    return int(n)
 
+
+def _slow_calls(samples: list[Sample], tenant: str) -> Slow:
     def over(name: str) -> int:
-        return int(counts.get(f"tensorwasm_invocation_{name}_seconds", 0))
+        return _over(samples, f"tensorwasm_invocation_{name}_seconds", tenant=tenant)
 
     return Slow(over("duration"), over("wait"), over("run"))
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """This machine's CPU time since boot, all cores (/proc/stat; zeros where there is none):
+    busy, and stolen by the hypervisor from a virtual machine's cores."""
+
+    total_s: float = 0.0
+    busy_s: float = 0.0
+    steal_s: float = 0.0
+
+    @classmethod
+    def read(cls, path: str = "/proc/stat") -> HostCpu:
+        try:
+            with open(path) as f:
+                fields = [float(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return cls()
+        user, nice, system, idle, iowait, irq, softirq, steal = fields + [0.0] * (8 - len(fields))
+        return cls(sum(fields), user + nice + system + irq + softirq, steal)
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """What else happened during a flood run: timers the fronts' and the supervisor's event loops
+    ran over SLOW_S late, GC pauses over SLOW_S (fronts and supervisor), and the host's share of
+    CPU time busy and stolen by the hypervisor."""
+
+    front_lags: int = 0
+    supervisor_lags: int = 0
+    gc_pauses: int = 0
+    host: HostCpu = HostCpu()
+
+    def __sub__(self, other: Stalls) -> Stalls:
+        host = HostCpu(self.host.total_s - other.host.total_s, self.host.busy_s - other.host.busy_s, self.host.steal_s - other.host.steal_s)
+        return Stalls(self.front_lags - other.front_lags, self.supervisor_lags - other.supervisor_lags, self.gc_pauses - other.gc_pauses, host)
+
+    def describe(self) -> str:
+        total = self.host.total_s or 1.0
+        return f"{self.front_lags}/{self.supervisor_lags}/{self.gc_pauses}/{100 * self.host.busy_s / total:.0f}%/{100 * self.host.steal_s / total:.1f}%"
+
+
+def _stalls(samples: list[Sample], host: HostCpu) -> Stalls:
+    gc = _over(samples, "tensorwasm_gc_pause_seconds") + _over(samples, "tensorwasm_supervisor_gc_pause_seconds")
+    return Stalls(_over(samples, "tensorwasm_event_loop_lag_seconds"), _over(samples, "tensorwasm_supervisor_event_loop_lag_seconds"), gc, host)
 
 
 def _replaced(samples: list[Sample]) -> int:
@@ -161,7 +214,10 @@ def _replaced(samples: list[Sample]) -> int:
     return int(sum(s.value for s in samples if s.name == "tensorwasm_worker_restarts_total"))
 
 
-def _report(r: dict[str, WrkResult], procs: int, q: int, replaced: int | None = None, slow: list[Slow] | None = None) -> None:
+def _report(
+    r: dict[str, WrkResult], procs: int, q: int, replaced: int | None = None, slow: list[Slow] | None = None,
+    stalls: list[Stalls] | None = None,
+) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
     _line("node invoke c=1 p50 / p99 (ms)", f"{r['node_c1'].p50_ms:.3f} / {r['node_c1'].p99_ms:.3f}")
@@ -198,6 +254,11 @@ def _report(r: dict[str, WrkResult], procs: int, q: int, replaced: int | None = 
         _line(
             f"other tenant's calls over {SLOW_S * 1000:.0f} ms per run: all/waiting/in the guest",
             " ".join(f"{x.total}/{x.waiting}/{x.running}" for x in slow),
+        )
+    if stalls:
+        _line(
+            f"per run: loop lags over {SLOW_S * 1000:.0f} ms fronts/supervisor, GC pauses, host busy/steal",
+            " ".join(x.describe() for x in stalls),
         )
     if replaced is not None:  # wrk closes its connections mid-call at the end of each run
         _line("workers replaced during the flood runs", str(replaced))

@@ -81,6 +81,7 @@ from app.contract.messages import (
 from app.node.ipc import pack, read_message
 from app.node.startup import freeze_startup_heap, log_serving
 from app.observability.metrics import attach_scheduler
+from app.observability.stalls import StallWatch, stall_histograms
 from app.observability.tracing import Tracing
 from app.sandbox.limiter import FairLimiter
 from app.scheduler.leases import Lease
@@ -160,6 +161,7 @@ class Supervisor:
         self.front_restarts = Counter("tensorwasm_front_restarts", "Front processes started again after they died", registry=self.registry)
         leases = Counter("tensorwasm_leases", "Leases granted to fronts; held: kept by the front for further calls", ["held"], registry=self.registry)
         self._granted_one, self._granted_held = leases.labels(held="false"), leases.labels(held="true")
+        self.stalls = StallWatch(*stall_histograms(self.registry, "tensorwasm_supervisor"))
         self.tracing = Tracing(settings)
         self.fronts: set[_Front] = set()
         self.front_procs: dict[int, asyncio.subprocess.Process] = {}
@@ -186,8 +188,10 @@ class Supervisor:
             log_serving(self.scheduler, self.settings, self.settings.processes)
             log.info("node listening on http://%s:%d", self.host, self.port)
             freeze_startup_heap()
+            self.stalls.start()
             await self._stopping.wait()
         finally:
+            await self.stalls.stop()
             await self._stop_fronts()
             server.close()
             listener.close()

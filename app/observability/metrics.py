@@ -20,6 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from app.contract.messages import HostCounts
+from app.observability.stalls import stall_histograms
 from app.sandbox.client import JobKind
 from app.sandbox.errors import CompileOutcome
 
@@ -70,6 +71,8 @@ class Metrics:
         self.compile_seconds = Histogram(
             "tensorwasm_compile_duration_seconds", "Sandboxed compile time, waiting for a slot excluded", ["kind"], buckets=LATENCY_BUCKETS, registry=r
         )
+        # a front's stalls (its loop's lag, its GC pauses), summed over the fronts; app/observability/stalls.py
+        self.loop_lag, self.gc_pause = stall_histograms(r)
         # gauges of a node of several fronts: the backlog is the same everywhere, running adds up
         self.async_backlog = Gauge(
             "tensorwasm_async_backlog", "Async invocations queued in the database, not yet started (all nodes)", registry=r, multiprocess_mode="max"

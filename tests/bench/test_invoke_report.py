@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import httpx
 import pytest
 
-from app.bench.invoke import Slow, _replaced, _report, _samples, _slow_calls
+from app.bench.invoke import HostCpu, Slow, Stalls, _replaced, _report, _samples, _slow_calls, _stalls
 from app.bench.wrk import WrkResult
 
 
@@ -80,3 +83,32 @@ def test_the_other_tenants_slow_calls_are_split_by_where_they_waited(capsys: pyt
     assert slow - Slow(3, 1, 0) == Slow(7, 3, 0)
     _report(_results([3.0, 4.0]), 2, 8, slow=[Slow(7, 3, 0), Slow(0, 0, 0)])
     assert _line(capsys.readouterr().out, "other tenant's calls over 50 ms per run").split()[-2:] == ["7/3/0", "0/0/0"]
+
+
+def test_stalls_per_run_come_from_the_nodes_histograms_and_the_hosts_cpu_times(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    def histogram(family: str, under: int, count: int, labels: str = "") -> str:
+        sep = "," if labels else ""
+        return (
+            f"# TYPE {family} histogram\n"
+            f'{family}_bucket{{{labels}{sep}le="0.05"}} {under}.0\n'
+            f'{family}_bucket{{{labels}{sep}le="+Inf"}} {count}.0\n'
+            f"{family}_count{{{labels}}} {count}.0\n"
+        )
+
+    text = histogram("tensorwasm_event_loop_lag_seconds", 990, 1000) + histogram("tensorwasm_supervisor_event_loop_lag_seconds", 100, 101)
+    text += "# TYPE tensorwasm_gc_pause_seconds histogram\n"
+    text += "".join(histogram("tensorwasm_gc_pause_seconds", n - 1, n, f'generation="{g}"').split("\n", 1)[1] for g, n in ((0, 50), (2, 3)))
+    with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
+        samples = _samples(client)
+    stat = tmp_path / "stat"
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
+    stat.write_text(f"cpu  {300 * tick} 0 {100 * tick} {590 * tick} 0 0 0 {10 * tick} 0 0\ncpu0 1 2 3\n")
+    host = HostCpu.read(str(stat))
+    assert (host.total_s, host.busy_s, host.steal_s) == (1000, 400, 10)
+    assert HostCpu.read(str(tmp_path / "absent")) == HostCpu()
+    run = _stalls(samples, host) - _stalls([], HostCpu(500, 300, 5))
+    assert (run.front_lags, run.supervisor_lags, run.gc_pauses) == (10, 1, 2)
+    assert run.describe() == "10/1/2/20%/1.0%"  # busy 100 s and steal 5 s of 500 s of the host's CPU time
+    _report(_results([3.0]), 2, 8, stalls=[run, Stalls()])
+    assert _line(capsys.readouterr().out, "per run: loop lags").split()[-2:] == ["10/1/2/20%/1.0%", "0/0/0/0%/0.0%"]

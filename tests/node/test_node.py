@@ -246,6 +246,11 @@ async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
     assert 0 < run_s < samples(text, "tensorwasm_invocation_duration_seconds_sum", tenant=tenant)
     assert samples(text, "tensorwasm_workers", state="idle") >= 1  # the supervisor's families, in the same scrape
     assert text.count("# TYPE tensorwasm_workers gauge") == 1
+    # the stalls of the fronts' loops (summed) and of the supervisor's, each under its own name
+    assert samples(text, "tensorwasm_event_loop_lag_seconds_count") > 0
+    assert samples(text, "tensorwasm_supervisor_event_loop_lag_seconds_count") > 0
+    assert text.count("# TYPE tensorwasm_gc_pause_seconds histogram") == 1
+    assert "tensorwasm_supervisor_gc_pause_seconds_bucket" in text
 
 
 async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path: Path) -> None:

@@ -1,0 +1,39 @@
+"""A process's stalls: its event loop's lag behind a timer, and its garbage collections."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+from prometheus_client import CollectorRegistry
+
+from app.observability.stalls import TICK_S, StallWatch, stall_histograms
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    assert value is not None, name
+    return value
+
+
+async def test_a_blocked_loop_is_seen_as_lag_and_collections_as_pauses() -> None:
+    registry = CollectorRegistry()
+    watch = StallWatch(*stall_histograms(registry, "probe"))
+    watch.start()
+    try:
+        await asyncio.sleep(TICK_S * 3)  # ticks of an idle loop: on time
+        assert _value(registry, "probe_event_loop_lag_seconds_bucket", le="0.1") == _value(registry, "probe_event_loop_lag_seconds_count") >= 2
+        time.sleep(0.3)  # a callback that holds the loop
+        await asyncio.sleep(TICK_S * 2)
+        count = _value(registry, "probe_event_loop_lag_seconds_count")
+        assert count - _value(registry, "probe_event_loop_lag_seconds_bucket", le="0.1") == 1  # that one tick, 0.2 s or more late
+        assert _value(registry, "probe_event_loop_lag_seconds_sum") >= 0.2
+        before = _value(registry, "probe_gc_pause_seconds_count", generation="2")
+        gc.collect()
+        assert _value(registry, "probe_gc_pause_seconds_count", generation="2") == before + 1
+    finally:
+        await watch.stop()
+    assert watch._on_gc not in gc.callbacks  # a stopped watch costs collections nothing
+    gc.collect()
+    assert _value(registry, "probe_gc_pause_seconds_count", generation="2") == before + 1
