@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -209,13 +210,13 @@ def _stalls(samples: list[Sample], host: HostCpu) -> Stalls:
     return Stalls(_over(samples, "tensorwasm_event_loop_lag_seconds"), _over(samples, "tensorwasm_supervisor_event_loop_lag_seconds"), gc, host)
 
 
-def _replaced(samples: list[Sample]) -> int:
-    """Workers the node has replaced so far, for any reason (each costs a context start)."""
-    return int(sum(s.value for s in samples if s.name == "tensorwasm_worker_restarts_total"))
+def _replaced(samples: list[Sample]) -> Counter[str]:
+    """Workers the node has replaced so far, by reason (each costs a context start)."""
+    return Counter({s.labels["reason"]: int(s.value) for s in samples if s.name == "tensorwasm_worker_restarts_total"})
 
 
 def _report(
-    r: dict[str, WrkResult], procs: int, q: int, replaced: int | None = None, slow: list[Slow] | None = None,
+    r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[Slow] | None = None,
     stalls: list[Stalls] | None = None,
 ) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
@@ -261,6 +262,7 @@ def _report(
             " ".join(x.describe() for x in stalls),
         )
     if replaced is not None:  # wrk closes its connections mid-call at the end of each run
-        _line("workers replaced during the flood runs", str(replaced))
+        why = ", ".join(f"{reason} {n}" for reason, n in sorted(replaced.items()) if n > 0)
+        _line("workers replaced during the flood runs", f"{replaced.total()}{f' ({why})' if why else ''}")
     errors = sum(v.socket_errors + v.other for k, v in r.items() if not k.startswith("flood_at_4x"))
     _line("socket errors and non-200/429 replies (all runs)", str(errors), "0", errors == 0)

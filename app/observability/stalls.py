@@ -31,12 +31,19 @@ def stall_histograms(registry: CollectorRegistry, prefix: str = "tensorwasm") ->
 
 
 class StallWatch:
-    """Observes this process's loop lag (a timer every TICK_S) and GC pauses (`gc.callbacks`)."""
+    """Observes this process's loop lag (a timer every TICK_S) and GC pauses (`gc.callbacks`).
+
+    A collection can start inside any allocation, a metric's own update included, and
+    prometheus-client holds a lock that is not reentrant while it updates one (in a front, one
+    lock for every metric): a pause observed from the GC callback deadlocked such a front for
+    good. So the callback only notes the pause, and the next tick observes it.
+    """
 
     def __init__(self, lag: Histogram, pause: Histogram) -> None:
         self._lag = lag
         self._pauses = [pause.labels(str(g)) for g in range(3)]  # children made once: a callback runs per collection
         self._gc_started = 0.0
+        self._noted: list[tuple[int, float]] = []  # pauses not yet observed: (generation, seconds)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -50,6 +57,7 @@ class StallWatch:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._observe_pauses()
 
     async def _tick(self) -> None:
         observe = self._lag.observe
@@ -57,9 +65,16 @@ class StallWatch:
             due = time.perf_counter() + TICK_S
             await asyncio.sleep(TICK_S)
             observe(max(0.0, time.perf_counter() - due))
+            self._observe_pauses()
+
+    def _observe_pauses(self) -> None:
+        noted, self._noted = self._noted, []  # a collection meanwhile appends to `noted`, still read below
+        for generation, seconds in noted:
+            self._pauses[generation].observe(seconds)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """Takes no lock and calls nothing that might (see the class)."""
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
-            self._pauses[info["generation"]].observe(time.perf_counter() - self._gc_started)
+            self._noted.append((info["generation"], time.perf_counter() - self._gc_started))

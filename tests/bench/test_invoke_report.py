@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -60,9 +61,12 @@ def test_workers_replaced_during_the_floods_are_counted_from_the_nodes_metrics(c
         'tensorwasm_workers{state="idle"} 7.0\n'
     )
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        assert _replaced(_samples(client)) == 5
-    _report(_results([3.0]), 2, 8, replaced=5)
-    assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-1] == "5"
+        replaced = _replaced(_samples(client))
+    assert replaced == Counter(evicted=2, cancelled=3)
+    _report(_results([3.0]), 2, 8, replaced=replaced - Counter(evicted=2))
+    assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-3:] == ["3", "(cancelled", "3)"]
+    _report(_results([3.0]), 2, 8, replaced=Counter())
+    assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-1] == "0"
 
 
 def test_the_other_tenants_slow_calls_are_split_by_where_they_waited(capsys: pytest.CaptureFixture[str]) -> None:
