@@ -129,14 +129,16 @@ SLOW_S = 0.05  # a bucket bound of the node's latency histograms
 @dataclass(frozen=True)
 class Slow:
     """The other tenant's calls over SLOW_S: in all, waiting for a lease, in the guest's run
-    (the rest of a slow call's time is in its front or on the way)."""
+    (the rest of a slow call's time is in its front or on the way); and all its calls, as the
+    node counted them (beside wrk's count, it shows whether wrk's requests reached the node)."""
 
     total: int = 0
     waiting: int = 0
     running: int = 0
+    calls: int = 0
 
     def __sub__(self, other: Slow) -> Slow:
-        return Slow(self.total - other.total, self.waiting - other.waiting, self.running - other.running)
+        return Slow(self.total - other.total, self.waiting - other.waiting, self.running - other.running, self.calls - other.calls)
 
 
 def _samples(client: httpx.Client) -> list[Sample]:
@@ -144,25 +146,26 @@ def _samples(client: httpx.Client) -> list[Sample]:
     return [s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples]
 
 
+def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> float:
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def _count(samples: list[Sample], family: str, **labels: str) -> int:
+    """Observations of a histogram family, summed over the series that carry `labels`."""
+    return int(_matching(samples, f"{family}_count", labels))
+
+
 def _over(samples: list[Sample], family: str, bound: float = SLOW_S, **labels: str) -> int:
-    """Observations of a histogram family above `bound` (one of its bucket bounds), summed over
-    the series that carry `labels`."""
-    n = 0.0
-    for s in samples:
-        if any(s.labels.get(k) != v for k, v in labels.items()):
-            continue
-        if s.name == f"{family}_count":
-            n += s.value
-        elif s.name == f"{family}_bucket" and float(s.labels["le"]) == bound:
-            n -= s.value
-    return int(n)
+    """Observations above `bound` (one of the family's bucket bounds)."""
+    under = _matching(samples, f"{family}_bucket", {**labels, "le": str(bound)})
+    return _count(samples, family, **labels) - int(under)
 
 
 def _slow_calls(samples: list[Sample], tenant: str) -> Slow:
     def over(name: str) -> int:
         return _over(samples, f"tensorwasm_invocation_{name}_seconds", tenant=tenant)
 
-    return Slow(over("duration"), over("wait"), over("run"))
+    return Slow(over("duration"), over("wait"), over("run"), _count(samples, "tensorwasm_invocation_duration_seconds", tenant=tenant))
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,10 @@ def _report(
         _line(
             f"other tenant's calls over {SLOW_S * 1000:.0f} ms per run: all/waiting/in the guest",
             " ".join(f"{x.total}/{x.waiting}/{x.running}" for x in slow),
+        )
+        _line(
+            "other tenant per run: wrk's replies/the node's calls/slowest (ms)",
+            " ".join(f"{b.requests}/{x.calls}/{b.max_ms:.0f}" for b, x in zip(besides, slow, strict=False)),
         )
     if stalls:
         _line(

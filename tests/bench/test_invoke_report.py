@@ -83,10 +83,13 @@ def test_the_other_tenants_slow_calls_are_split_by_where_they_waited(capsys: pyt
     text += histogram("duration", "flood", 0, 500)  # another tenant's are not counted
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
         slow = _slow_calls(_samples(client), "quiet")
-    assert slow == Slow(total=10, waiting=4, running=0)
-    assert slow - Slow(3, 1, 0) == Slow(7, 3, 0)
-    _report(_results([3.0, 4.0]), 2, 8, slow=[Slow(7, 3, 0), Slow(0, 0, 0)])
-    assert _line(capsys.readouterr().out, "other tenant's calls over 50 ms per run").split()[-2:] == ["7/3/0", "0/0/0"]
+    assert slow == Slow(total=10, waiting=4, running=0, calls=100)
+    assert slow - Slow(3, 1, 0, 40) == Slow(7, 3, 0, 60)
+    _report(_results([3.0, 4.0]), 2, 8, slow=[Slow(7, 3, 0, 60), Slow(0, 0, 0, 998)])
+    out = capsys.readouterr().out
+    assert _line(out, "other tenant's calls over 50 ms per run").split()[-2:] == ["7/3/0", "0/0/0"]
+    # beside wrk's replies in each run (1000 each here): whether its requests reached the node
+    assert _line(out, "other tenant per run").split()[-2:] == ["1000/60/3", "1000/998/4"]
 
 
 def test_stalls_per_run_come_from_the_nodes_histograms_and_the_hosts_cpu_times(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
