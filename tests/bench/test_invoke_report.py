@@ -97,7 +97,7 @@ def test_stalls_per_run_come_from_the_nodes_histograms_and_the_hosts_cpu_times(c
         sep = "," if labels else ""
         return (
             f"# TYPE {family} histogram\n"
-            f'{family}_bucket{{{labels}{sep}le="0.05"}} {under}.0\n'
+            f'{family}_bucket{{{labels}{sep}le="0.01"}} {under}.0\n'
             f'{family}_bucket{{{labels}{sep}le="+Inf"}} {count}.0\n'
             f"{family}_count{{{labels}}} {count}.0\n"
         )
