@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -119,3 +120,18 @@ def test_stalls_per_run_come_from_the_nodes_histograms_and_the_hosts_cpu_times(c
     assert run.describe() == "10/1/2/20%/1.0%"  # busy 100 s and steal 5 s of 500 s of the host's CPU time
     _report(_results([3.0]), 2, 8, stalls=[run, Stalls()])
     assert _line(capsys.readouterr().out, "per run: loop lags").split()[-2:] == ["10/1/2/20%/1.0%", "0/0/0/0%/0.0%"]
+
+
+def test_the_other_tenant_is_judged_on_the_calls_it_made_with_wrks_corrected_p99_beside(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([150.0, 4.0])  # wrk's p99s: one slow call at c=1 reads as a tail of 150 ms
+    r["quiet_alone"] = replace(r["quiet_alone"], timed_p99_ms=2.0)
+    r["quiet_beside_flood"] = replace(r["quiet_beside_flood"], timed_p99_ms=3.0)
+    r["quiet_beside_flood_1"] = replace(r["quiet_beside_flood_1"], timed_p99_ms=3.6)
+    _report(r, 2, 8, after_idle_ms=222.4)
+    out = capsys.readouterr().out
+    assert _line(out, "other tenant's first call after idling").split()[-1] == "222.4"
+    assert _line(out, "other tenant c=1 p99 beside the flood, 2 runs, per call").split()[-2:] == ["3.0", "3.6"]
+    assert _line(out, "other tenant c=1 p99 beside the flood, 2 runs, wrk's").split()[-2:] == ["150.0", "4.0"]
+    assert _line(out, "other tenant c=1 p99 alone / worst beside").split()[-3:] == ["2.00", "/", "3.60"]
+    assert _line(out, "other tenant p99 worst beside the flood / alone").split()[-4:] == ["1.80x", "<=", "2.0x", "yes"]
+    assert _line(out, "the same by wrk's p99").split()[-1] == "75.00x"

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import httpx
 import pytest
 
@@ -26,3 +32,50 @@ def test_the_one_hop_baseline_echoes_through_its_other_process() -> None:
         assert httpx.post(url, content=body, timeout=10).content == body
         ok = run_wrk(url, connections=4, seconds=1, method="POST", body="hi")
     assert ok.requests > 0 and ok.ok == ok.requests and ok.socket_errors == 0
+
+
+@contextmanager
+def _one_slow_reply(delay_s: float) -> Iterator[str]:
+    """A bare HTTP server answering at once, but its 500th request after `delay_s`."""
+    loop = asyncio.new_event_loop()
+    served = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                served += 1
+                if served == 500:
+                    await asyncio.sleep(delay_s)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.run_until_complete(_close(server))
+        loop.close()
+
+
+async def _close(server: asyncio.Server) -> None:
+    server.close()
+    handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in handlers:
+        task.cancel()
+    await asyncio.gather(*handlers, return_exceptions=True)
+
+
+def test_a_timed_run_reports_the_calls_made_where_wrk_corrects_for_the_ones_not_sent() -> None:
+    with _one_slow_reply(0.2) as url:
+        r = run_wrk(url, connections=1, seconds=2, timed=True)
+    assert r.requests > 2000 and r.ok == r.requests
+    assert r.max_ms >= 200  # the one slow reply
+    # wrk adds a made-up sample per mean interval of that reply: its p99 is near the stall
+    assert r.p99_ms >= 100
+    assert r.timed_p99_ms is not None and r.timed_p99_ms < 20 and r.call_p99_ms == r.timed_p99_ms
