@@ -16,13 +16,12 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
-from app.bench.node import bare_echo, bare_relay, server, setup_tenant
+from app.bench import cpu, observed
+from app.bench.node import bare_echo, bare_relay, node_process, setup_tenant
 from app.bench.wrk import INSTALL_HINT, WrkResult, run_wrk, wrk_path
 
 # Echoes stdin to stdout, 64 KiB at a time.
@@ -88,13 +87,16 @@ def bench_invoke(args: argparse.Namespace) -> int:
     print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
     wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
     env = {"TENSORWASM_PROCESSES": str(procs), "TENSORWASM_MAX_WORKERS": str(args.workers), "TENSORWASM_WARM_SPARES": "2"}
-    with server(**env) as base, httpx.Client(base_url=base, timeout=60) as client:
+    cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] = {}
+    with node_process(**env) as (base, node_pid), httpx.Client(base_url=base, timeout=60) as client:
         url = f"{base}/v1/functions/echo/invoke"
         hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
         _post(url, 8, 2, hot)  # binds the tenant's workers
         res["node_c1"] = _post(url, 1, secs, hot)
-        res["node_c32"] = _post(url, 32, secs, hot)
-        res["node_c256"] = _post(url, 256, secs, hot)
+        for c in (32, 256):
+            cpu_before = cpu.sample(node_pid)
+            r = res[f"node_c{c}"] = _post(url, c, secs, hot)
+            cpu_use[c] = cpu.per_role(cpu_before, cpu.sample(node_pid), r.requests, r.seconds)
 
         flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
         quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
@@ -107,130 +109,31 @@ def bench_invoke(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         client.post("/v1/functions/echo/invoke", content=BODY, headers=quiet).raise_for_status()
         after_idle_ms = (time.perf_counter() - t0) * 1000
-        first = before = _samples(client)
-        host_before = HostCpu.read()
-        slow: list[Slow] = []
-        stalls: list[Stalls] = []
+        first = before = observed.scrape(client)
+        host_before = cpu.HostCpu.read()
+        slow: list[observed.Slow] = []
+        stalls: list[observed.Stalls] = []
         for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
             with ThreadPoolExecutor(2) as pool:
                 over = pool.submit(_post, url, 4 * q, secs, flood)
                 beside = pool.submit(_post, url, 1, secs, quiet, True)
                 tag = f"_{i}" if i else ""
                 res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
-            after, host_after = _samples(client), HostCpu.read()
-            slow.append(_slow_calls(after, "quiet") - _slow_calls(before, "quiet"))
-            stalls.append(_stalls(after, host_after) - _stalls(before, host_before))
+            after, host_after = observed.scrape(client), cpu.HostCpu.read()
+            slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
+            stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
             before, host_before = after, host_after
-        replaced = _replaced(before) - _replaced(first)
+        replaced = observed.replaced(before) - observed.replaced(first)
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
-    _report(res, procs, q, replaced, slow, stalls, after_idle_ms)
+    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use)
     return 0
 
 
-SLOW_S = 0.05  # a bucket bound of the node's latency histograms
-STALL_S = 0.01  # one of the stall histograms' (a call beside a flood takes 3-5 ms)
-
-
-@dataclass(frozen=True)
-class Slow:
-    """The other tenant's calls over SLOW_S: in all, waiting for a lease, in the guest's run
-    (the rest of a slow call's time is in its front or on the way); and all its calls, as the
-    node counted them (beside wrk's count, it shows whether wrk's requests reached the node)."""
-
-    total: int = 0
-    waiting: int = 0
-    running: int = 0
-    calls: int = 0
-
-    def __sub__(self, other: Slow) -> Slow:
-        return Slow(self.total - other.total, self.waiting - other.waiting, self.running - other.running, self.calls - other.calls)
-
-
-def _samples(client: httpx.Client) -> list[Sample]:
-    """One scrape of the node's metrics."""
-    return [s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples]
-
-
-def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> float:
-    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
-def _count(samples: list[Sample], family: str, **labels: str) -> int:
-    """Observations of a histogram family, summed over the series that carry `labels`."""
-    return int(_matching(samples, f"{family}_count", labels))
-
-
-def _over(samples: list[Sample], family: str, bound: float = SLOW_S, **labels: str) -> int:
-    """Observations above `bound` (one of the family's bucket bounds)."""
-    under = _matching(samples, f"{family}_bucket", {**labels, "le": str(bound)})
-    return _count(samples, family, **labels) - int(under)
-
-
-def _slow_calls(samples: list[Sample], tenant: str) -> Slow:
-    def over(name: str) -> int:
-        return _over(samples, f"tensorwasm_invocation_{name}_seconds", tenant=tenant)
-
-    return Slow(over("duration"), over("wait"), over("run"), _count(samples, "tensorwasm_invocation_duration_seconds", tenant=tenant))
-
-
-@dataclass(frozen=True)
-class HostCpu:
-    """This machine's CPU time since boot, all cores (/proc/stat; zeros where there is none):
-    busy, and stolen by the hypervisor from a virtual machine's cores."""
-
-    total_s: float = 0.0
-    busy_s: float = 0.0
-    steal_s: float = 0.0
-
-    @classmethod
-    def read(cls, path: str = "/proc/stat") -> HostCpu:
-        try:
-            with open(path) as f:
-                fields = [float(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return cls()
-        user, nice, system, idle, iowait, irq, softirq, steal = fields + [0.0] * (8 - len(fields))
-        return cls(sum(fields), user + nice + system + irq + softirq, steal)
-
-
-@dataclass(frozen=True)
-class Stalls:
-    """What else happened during a flood run: timers the fronts' and the supervisor's event loops
-    ran over STALL_S late, GC pauses over STALL_S (fronts and supervisor), and the host's share of
-    CPU time busy and stolen by the hypervisor."""
-
-    front_lags: int = 0
-    supervisor_lags: int = 0
-    gc_pauses: int = 0
-    host: HostCpu = HostCpu()
-
-    def __sub__(self, other: Stalls) -> Stalls:
-        host = HostCpu(self.host.total_s - other.host.total_s, self.host.busy_s - other.host.busy_s, self.host.steal_s - other.host.steal_s)
-        return Stalls(self.front_lags - other.front_lags, self.supervisor_lags - other.supervisor_lags, self.gc_pauses - other.gc_pauses, host)
-
-    def describe(self) -> str:
-        total = self.host.total_s or 1.0
-        return f"{self.front_lags}/{self.supervisor_lags}/{self.gc_pauses}/{100 * self.host.busy_s / total:.0f}%/{100 * self.host.steal_s / total:.1f}%"
-
-
-def _stalls(samples: list[Sample], host: HostCpu) -> Stalls:
-    def over(family: str) -> int:
-        return _over(samples, family, STALL_S)
-
-    gc = over("tensorwasm_gc_pause_seconds") + over("tensorwasm_supervisor_gc_pause_seconds")
-    return Stalls(over("tensorwasm_event_loop_lag_seconds"), over("tensorwasm_supervisor_event_loop_lag_seconds"), gc, host)
-
-
-def _replaced(samples: list[Sample]) -> Counter[str]:
-    """Workers the node has replaced so far, by reason (each costs a context start)."""
-    return Counter({s.labels["reason"]: int(s.value) for s in samples if s.name == "tensorwasm_worker_restarts_total"})
-
-
 def _report(
-    r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[Slow] | None = None,
-    stalls: list[Stalls] | None = None, after_idle_ms: float | None = None,
+    r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[observed.Slow] | None = None,
+    stalls: list[observed.Stalls] | None = None, after_idle_ms: float | None = None, cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] | None = None,
 ) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
@@ -246,6 +149,14 @@ def _report(
         node, bare = r[f"node_c{c}"], r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
         _line(f"c={c}: node req/s (200s) | bare {procs}-process req/s", f"{node.goodput:.0f} | {bare.rps:.0f}")
         _line(f"c={c}: node / bare with {procs} processes", f"{node.goodput / bare.rps:.2f}x", ">= 0.35x", node.goodput / bare.rps >= 0.35)
+    for c, roles in (cpu_use or {}).items():  # which process is the wall: one near 100% of a core
+        _line(
+            f"c={c}: node CPU per call, us (busiest process, % of a core)",
+            "  ".join(
+                f"{'node' if role == cpu.Role.SUPERVISOR and procs == 1 else role.value} {u.per_call_us:.0f} ({100 * u.busiest:.0f}%)"
+                for role, u in sorted(roles.items()) if role != cpu.Role.OTHER
+            ),
+        )
     _line(f"c=32: bare + one hop, {procs} processes, req/s", f"{r['relay_c32'].rps:.0f}")
     _line("c=32: node / bare + one hop", f"{r['node_c32'].goodput / r['relay_c32'].rps:.2f}x")
     one = r["bare1_c32"].rps
@@ -273,7 +184,7 @@ def _report(
     _line(f"the same by wrk's p99 ({worst}beside / alone)", f"{wrk_worst / alone.p99_ms:.2f}x")
     if slow:
         _line(
-            f"other tenant's calls over {SLOW_S * 1000:.0f} ms per run: all/waiting/in the guest",
+            f"other tenant's calls over {observed.SLOW_S * 1000:.0f} ms per run: all/waiting/in the guest",
             " ".join(f"{x.total}/{x.waiting}/{x.running}" for x in slow),
         )
         _line(
@@ -282,7 +193,7 @@ def _report(
         )
     if stalls:
         _line(
-            f"per run: loop lags over {STALL_S * 1000:.0f} ms fronts/supervisor, GC pauses, host busy/steal",
+            f"per run: loop lags over {observed.STALL_S * 1000:.0f} ms fronts/supervisor, GC pauses, host busy/steal",
             " ".join(x.describe() for x in stalls),
         )
     if replaced is not None:  # wrk closes its connections mid-call at the end of each run

@@ -53,6 +53,13 @@ def server(ready_path: str = "/readyz", root: str | None = None, **env: str) -> 
 
     A node that keeps no warm spares is never "ready" before its first call: wait for /healthz.
     """
+    with node_process(ready_path, root, **env) as (base, _pid):
+        yield base
+
+
+@contextmanager
+def node_process(ready_path: str = "/readyz", root: str | None = None, **env: str) -> Iterator[tuple[str, int]]:
+    """`server`, yielding the node's base URL and its first process's pid."""
     with tempfile.TemporaryDirectory(prefix="tw-bench-") as data:
         port = free_port()
         full = {
@@ -69,7 +76,7 @@ def server(ready_path: str = "/readyz", root: str | None = None, **env: str) -> 
         base = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(proc, f"{base}{ready_path}")
-            yield base
+            yield base, proc.pid
         finally:
             _stop(proc)
 

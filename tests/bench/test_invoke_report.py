@@ -10,7 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.bench.invoke import HostCpu, Slow, Stalls, _replaced, _report, _samples, _slow_calls, _stalls
+from app.bench.cpu import HostCpu, Role, RoleCpu
+from app.bench.invoke import _report
+from app.bench.observed import Slow, Stalls, replaced, scrape, slow_calls, stalls
 from app.bench.wrk import WrkResult
 
 
@@ -62,9 +64,9 @@ def test_workers_replaced_during_the_floods_are_counted_from_the_nodes_metrics(c
         'tensorwasm_workers{state="idle"} 7.0\n'
     )
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        replaced = _replaced(_samples(client))
-    assert replaced == Counter(evicted=2, cancelled=3)
-    _report(_results([3.0]), 2, 8, replaced=replaced - Counter(evicted=2))
+        so_far = replaced(scrape(client))
+    assert so_far == Counter(evicted=2, cancelled=3)
+    _report(_results([3.0]), 2, 8, replaced=so_far - Counter(evicted=2))
     assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-3:] == ["3", "(cancelled", "3)"]
     _report(_results([3.0]), 2, 8, replaced=Counter())
     assert _line(capsys.readouterr().out, "workers replaced during the flood runs").split()[-1] == "0"
@@ -83,7 +85,7 @@ def test_the_other_tenants_slow_calls_are_split_by_where_they_waited(capsys: pyt
     text = histogram("duration", "quiet", 90, 100) + histogram("wait", "quiet", 96, 100) + histogram("run", "quiet", 100, 100)
     text += histogram("duration", "flood", 0, 500)  # another tenant's are not counted
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        slow = _slow_calls(_samples(client), "quiet")
+        slow = slow_calls(scrape(client), "quiet")
     assert slow == Slow(total=10, waiting=4, running=0, calls=100)
     assert slow - Slow(3, 1, 0, 40) == Slow(7, 3, 0, 60)
     _report(_results([3.0, 4.0]), 2, 8, slow=[Slow(7, 3, 0, 60), Slow(0, 0, 0, 998)])
@@ -107,7 +109,7 @@ def test_stalls_per_run_come_from_the_nodes_histograms_and_the_hosts_cpu_times(c
     text += "# TYPE tensorwasm_gc_pause_seconds histogram\n"
     text += "".join(histogram("tensorwasm_gc_pause_seconds", n - 1, n, f'generation="{g}"').split("\n", 1)[1] for g, n in ((0, 50), (2, 3)))
     with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        samples = _samples(client)
+        samples = scrape(client)
     stat = tmp_path / "stat"
     tick = os.sysconf("SC_CLK_TCK")
     # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
@@ -115,7 +117,7 @@ def test_stalls_per_run_come_from_the_nodes_histograms_and_the_hosts_cpu_times(c
     host = HostCpu.read(str(stat))
     assert (host.total_s, host.busy_s, host.steal_s) == (1000, 400, 10)
     assert HostCpu.read(str(tmp_path / "absent")) == HostCpu()
-    run = _stalls(samples, host) - _stalls([], HostCpu(500, 300, 5))
+    run = stalls(samples, host) - stalls([], HostCpu(500, 300, 5))
     assert (run.front_lags, run.supervisor_lags, run.gc_pauses) == (10, 1, 2)
     assert run.describe() == "10/1/2/20%/1.0%"  # busy 100 s and steal 5 s of 500 s of the host's CPU time
     _report(_results([3.0]), 2, 8, stalls=[run, Stalls()])
@@ -135,3 +137,15 @@ def test_the_other_tenant_is_judged_on_the_calls_it_made_with_wrks_corrected_p99
     assert _line(out, "other tenant c=1 p99 alone / worst beside").split()[-3:] == ["2.00", "/", "3.60"]
     assert _line(out, "other tenant p99 worst beside the flood / alone").split()[-4:] == ["1.80x", "<=", "2.0x", "yes"]
     assert _line(out, "the same by wrk's p99").split()[-1] == "75.00x"
+
+
+def test_the_nodes_cpu_per_call_is_printed_per_role_with_its_busiest_process(capsys: pytest.CaptureFixture[str]) -> None:
+    roles = {
+        Role.FRONT: RoleCpu(Role.FRONT, 8, 883.4, 0.83), Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 129.0, 0.72),
+        Role.WORKER: RoleCpu(Role.WORKER, 8, 539.0, 0.43), Role.OTHER: RoleCpu(Role.OTHER, 1, 3.0, 0.01),
+    }
+    _report(_results([3.0]), 8, 8, cpu_use={32: roles})
+    line = _line(capsys.readouterr().out, "c=32: node CPU per call")
+    assert line.split("core)")[1].split() == ["fronts", "883", "(83%)", "supervisor", "129", "(72%)", "workers", "539", "(43%)"]
+    _report(_results([3.0]), 1, 8, cpu_use={32: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 700.0, 0.95)}})
+    assert "node 700 (95%)" in _line(capsys.readouterr().out, "c=32: node CPU per call")  # one process: the whole node

@@ -1,0 +1,92 @@
+"""What a node and its host saw during a benchmark run, read from the node's metrics (one
+scrape per point) and the host's CPU times: the other tenant's slow calls and where they waited,
+the processes' stalls, the workers replaced."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from app.bench.cpu import HostCpu
+
+SLOW_S = 0.05  # a bucket bound of the node's latency histograms
+STALL_S = 0.01  # one of the stall histograms' (a call beside a flood takes 3-5 ms)
+
+
+@dataclass(frozen=True)
+class Slow:
+    """The other tenant's calls over SLOW_S: in all, waiting for a lease, in the guest's run
+    (the rest of a slow call's time is in its front or on the way); and all its calls, as the
+    node counted them (beside wrk's count, it shows whether wrk's requests reached the node)."""
+
+    total: int = 0
+    waiting: int = 0
+    running: int = 0
+    calls: int = 0
+
+    def __sub__(self, other: Slow) -> Slow:
+        return Slow(self.total - other.total, self.waiting - other.waiting, self.running - other.running, self.calls - other.calls)
+
+
+def scrape(client: httpx.Client) -> list[Sample]:
+    """One scrape of the node's metrics."""
+    return [s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples]
+
+
+def _matching(samples: list[Sample], name: str, labels: dict[str, str]) -> float:
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def count(samples: list[Sample], family: str, **labels: str) -> int:
+    """Observations of a histogram family, summed over the series that carry `labels`."""
+    return int(_matching(samples, f"{family}_count", labels))
+
+
+def over(samples: list[Sample], family: str, bound: float = SLOW_S, **labels: str) -> int:
+    """Observations above `bound` (one of the family's bucket bounds)."""
+    under = _matching(samples, f"{family}_bucket", {**labels, "le": str(bound)})
+    return count(samples, family, **labels) - int(under)
+
+
+def slow_calls(samples: list[Sample], tenant: str) -> Slow:
+    def slow(name: str) -> int:
+        return over(samples, f"tensorwasm_invocation_{name}_seconds", tenant=tenant)
+
+    return Slow(slow("duration"), slow("wait"), slow("run"), count(samples, "tensorwasm_invocation_duration_seconds", tenant=tenant))
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """What else happened during a flood run: timers the fronts' and the supervisor's event loops
+    ran over STALL_S late, GC pauses over STALL_S (fronts and supervisor), and the host's share of
+    CPU time busy and stolen by the hypervisor."""
+
+    front_lags: int = 0
+    supervisor_lags: int = 0
+    gc_pauses: int = 0
+    host: HostCpu = HostCpu()
+
+    def __sub__(self, other: Stalls) -> Stalls:
+        host = HostCpu(self.host.total_s - other.host.total_s, self.host.busy_s - other.host.busy_s, self.host.steal_s - other.host.steal_s)
+        return Stalls(self.front_lags - other.front_lags, self.supervisor_lags - other.supervisor_lags, self.gc_pauses - other.gc_pauses, host)
+
+    def describe(self) -> str:
+        total = self.host.total_s or 1.0
+        return f"{self.front_lags}/{self.supervisor_lags}/{self.gc_pauses}/{100 * self.host.busy_s / total:.0f}%/{100 * self.host.steal_s / total:.1f}%"
+
+
+def stalls(samples: list[Sample], host: HostCpu) -> Stalls:
+    def stalled(family: str) -> int:
+        return over(samples, family, STALL_S)
+
+    gc = stalled("tensorwasm_gc_pause_seconds") + stalled("tensorwasm_supervisor_gc_pause_seconds")
+    return Stalls(stalled("tensorwasm_event_loop_lag_seconds"), stalled("tensorwasm_supervisor_event_loop_lag_seconds"), gc, host)
+
+
+def replaced(samples: list[Sample]) -> Counter[str]:
+    """Workers the node has replaced so far, by reason (each costs a context start)."""
+    return Counter({s.labels["reason"]: int(s.value) for s in samples if s.name == "tensorwasm_worker_restarts_total"})
