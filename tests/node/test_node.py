@@ -251,6 +251,7 @@ async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
     assert samples(text, "tensorwasm_supervisor_event_loop_lag_seconds_count") > 0
     assert text.count("# TYPE tensorwasm_gc_pause_seconds histogram") == 1
     assert "tensorwasm_supervisor_gc_pause_seconds_bucket" in text
+    assert text.count("# TYPE tensorwasm_supervisor_event_loop_lag_seconds histogram") == 1
 
 
 async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path: Path) -> None:
