@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 
 from prometheus_client import CollectorRegistry
@@ -41,3 +42,43 @@ async def test_a_blocked_loop_is_seen_as_lag_and_collections_as_pauses() -> None
     assert watch._on_gc not in gc.callbacks  # a stopped watch costs collections nothing
     gc.collect()
     assert _value(registry, "probe_gc_pause_seconds_count", generation="2") == before + 1
+
+
+class _LockedChild:
+    """A histogram child whose update takes `lock`, as prometheus-client's do (in a front, one
+    lock for every metric, not reentrant)."""
+
+    def __init__(self, lock: threading.Lock, seen: list[float]) -> None:
+        self.lock, self.seen = lock, seen
+
+    def observe(self, value: float) -> None:
+        with self.lock:
+            self.seen.append(value)
+
+
+class _LockedFamily:
+    def __init__(self, lock: threading.Lock, seen: list[float]) -> None:
+        self.child = _LockedChild(lock, seen)
+
+    def labels(self, *_: str) -> _LockedChild:
+        return self.child
+
+    def observe(self, value: float) -> None:
+        self.child.observe(value)
+
+
+async def test_a_collection_during_a_metric_update_does_not_wait_for_its_lock() -> None:
+    lock, seen = threading.Lock(), list[float]()
+    family = _LockedFamily(lock, seen)
+    watch = StallWatch(family, family)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        with lock:  # a metric update in progress when a collection starts
+            collector = threading.Thread(target=gc.collect)
+            collector.start()
+            collector.join(timeout=5)
+            assert not collector.is_alive(), "the GC callback waited for the metric lock"
+        await asyncio.sleep(TICK_S * 3)
+        assert seen  # the pause (and the ticks' lags) observed later, outside the collection
+    finally:
+        await watch.stop()
