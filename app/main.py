@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from app import __version__
 from app.api.errors import install_error_handlers
+from app.api.fastpath import InvokeFastPath
 from app.api.routers import admin, async_invoke, functions, health, invocations, invoke, kernels, usage
 from app.db.session import create_engine_for, create_sessionmaker
 from app.node.client import SupervisorClient
@@ -148,6 +149,7 @@ def create_app(
     # the invoke route right after the health routes: routes are matched in order
     for r in (health.router, invoke.router, admin.router, functions.router, async_invoke.router, invocations.router, kernels.router, usage.router):
         app.include_router(r)
+    app.add_middleware(InvokeFastPath, fastapi=app)  # inside the observability middleware: counted alike
     app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
     app.state.tracing.instrument(app)
     return app
