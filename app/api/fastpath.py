@@ -62,7 +62,7 @@ class InvokeFastPath:
         if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
             return None
         name = path[len(_PREFIX) : -len(_SUFFIX)]
-        if not _NAME.match(name) or b"stream" in scope["query_string"]:
+        if not _NAME.fullmatch(name) or b"stream" in scope["query_string"]:
             return None  # FastAPI answers a bad name (422) and serves streams
         for key, value in scope["headers"]:
             if key == b"accept" and b"text/event-stream" in value:

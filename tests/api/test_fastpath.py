@@ -36,6 +36,7 @@ def test_only_a_plain_invoke_with_a_valid_name_takes_the_fast_path(database_url:
     assert fast._plain_invoke(_scope(accept="application/json")) == "echo"
     assert fast._plain_invoke(_scope(method="GET")) is None  # 405 from FastAPI
     assert fast._plain_invoke(_scope(path="/v1/functions/bad.name/invoke")) is None  # 422 from FastAPI
+    assert fast._plain_invoke(_scope(path="/v1/functions/echo\n/invoke")) is None  # matched whole, as FastAPI does
     assert fast._plain_invoke(_scope(path="/v1/functions/a/b/invoke")) is None
     assert fast._plain_invoke(_scope(path="/v1/functions/echo/invoke/")) is None
     assert fast._plain_invoke(_scope(path="/v1/functions/echo")) is None
@@ -65,6 +66,7 @@ async def _answers(client: httpx.AsyncClient, max_request_bytes: int) -> list[tu
         ("echo", limited, b"2"),
         ("echo", limited, b"3"),  # past its rate (a burst of 2 s)
         ("bad.name", key, b""),
+        ("echo%0A", key, b""),  # a name ending in a newline: refused whole, not looked up
     ]
     out = []
     for name, headers, body in calls:
@@ -99,6 +101,7 @@ async def test_both_paths_answer_alike(client: httpx.AsyncClient, platform: Any,
         ("echo", 200, None), ("echo", 401, "unauthorized"), ("echo", 401, "unauthorized"), ("echo", 403, "forbidden"),
         ("nothing-here", 404, "not_found"), ("trap", 500, "guest_error"), ("exit3", 500, "guest_error"),
         ("echo", 413, "payload_too_large"), ("echo", 200, None), ("echo", 200, None), ("echo", 429, "rate_limited"), ("bad.name", 422, "validation_error"),
+        ("echo%0A", 422, "validation_error"),
     ]
     assert fast[0][-1] == b"hello" and fast[6][3] == 3
 
