@@ -102,11 +102,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _supervisor_gone(_: Request, exc: SupervisorGone) -> JSONResponse:
         return envelope(503, "unavailable", f"{exc}; retry later", {"Retry-After": "1"})
 
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
-        # the client closed the connection while sending its body: nobody reads this reply
-        return envelope(400, "client_disconnected", "the client closed the connection before sending the whole body")
-
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
