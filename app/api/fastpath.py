@@ -32,6 +32,7 @@ class InvokeFastPath:
     def __init__(self, app: ASGIApp, fastapi: FastAPI) -> None:
         self.app = app
         self.fastapi = fastapi
+        self.traced = fastapi.state.tracing.enabled  # set once, when the app is made
         # the metrics label a request by its route's template (app/observability/middleware.py)
         self.route = next(r for r in router.routes if getattr(r, "path", None) == _TEMPLATE)
 
@@ -56,7 +57,7 @@ class InvokeFastPath:
 
     def _plain_invoke(self, scope: Scope) -> str | None:
         """The function's name when this request takes the fast path, else None."""
-        if scope["type"] != "http" or scope["method"] != "POST" or self.fastapi.state.tracing.enabled:
+        if scope["type"] != "http" or scope["method"] != "POST" or self.traced:
             return None
         path: str = scope["path"]
         if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):

@@ -106,10 +106,14 @@ class HostCpu:
 
     @classmethod
     def read(cls, path: str = "/proc/stat") -> HostCpu:
+        tick = os.sysconf("SC_CLK_TCK")
         try:
             with open(path) as f:
-                fields = [float(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:9]]
+                fields = [float(x) / tick for x in f.readline().split()[1:9]]
         except (OSError, ValueError):
             return cls()
         user, nice, system, idle, iowait, irq, softirq, steal = fields + [0.0] * (8 - len(fields))
         return cls(sum(fields), user + nice + system + irq + softirq, steal)
+
+    def __sub__(self, other: HostCpu) -> HostCpu:
+        return HostCpu(self.total_s - other.total_s, self.busy_s - other.busy_s, self.steal_s - other.steal_s)

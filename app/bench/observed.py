@@ -71,8 +71,10 @@ class Stalls:
     host: HostCpu = HostCpu()
 
     def __sub__(self, other: Stalls) -> Stalls:
-        host = HostCpu(self.host.total_s - other.host.total_s, self.host.busy_s - other.host.busy_s, self.host.steal_s - other.host.steal_s)
-        return Stalls(self.front_lags - other.front_lags, self.supervisor_lags - other.supervisor_lags, self.gc_pauses - other.gc_pauses, host)
+        return Stalls(
+            self.front_lags - other.front_lags, self.supervisor_lags - other.supervisor_lags, self.gc_pauses - other.gc_pauses,
+            self.host - other.host,
+        )
 
     def describe(self) -> str:
         total = self.host.total_s or 1.0
