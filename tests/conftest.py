@@ -14,6 +14,7 @@ from app.db.migrate import upgrade
 from tests.helpers import (
     EXAMPLES,
     GUESTS,
+    LIVE_SERVERS,
     build_c,
     fresh_postgres_database,
     make_settings,
@@ -36,6 +37,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing test against a real server shows the end of that server's log: its 500s and
+    tracebacks are there, not in the test's output."""
+    report = yield
+    if report.failed:
+        for server in LIVE_SERVERS:
+            tail = "\n".join(server.log().splitlines()[-80:])
+            report.sections.append((f"serve.log of {server.url} (last 80 lines)", tail))
+    return report
 
 
 @pytest.fixture(scope="session")

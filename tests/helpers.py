@@ -116,7 +116,7 @@ def build_c(source: Path, out_dir: Path) -> bytes:
     return _C_CACHE[key]
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: kept in LIVE_SERVERS
 class ServerProcess:
     """A `tensorwasm serve` running as its own process (group), as a user would start it."""
 
@@ -137,6 +137,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# the servers running now: a failing test's report shows the end of their logs (tests/conftest.py)
+LIVE_SERVERS: set[ServerProcess] = set()
 
 
 @contextmanager
@@ -174,6 +178,7 @@ def server_process(
             env=full, cwd=cwd or data_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    LIVE_SERVERS.add(server)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -187,6 +192,7 @@ def server_process(
             time.sleep(0.2)
         yield server
     finally:
+        LIVE_SERVERS.discard(server)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -70,6 +70,15 @@ async def only(front: int, others: list[int]) -> AsyncIterator[None]:
         await asyncio.sleep(0.1)
 
 
+async def written(base: str, key: dict[str, str]) -> None:
+    """Every front has written what it batched (invocation records, key uses): listing
+    invocations flushes them all. A front stopped inside that write would keep SQLite's write
+    lock, and a write through another front would fail once the lock wait ran out."""
+    async with http(base) as client:
+        r = await client.get("/v1/invocations", headers=key, params={"limit": 1})
+        assert r.status_code == 200, r.text
+
+
 @asynccontextmanager
 async def pinned(base: str, front: int, all_fronts: list[int]) -> AsyncIterator[httpx.AsyncClient]:
     """A client whose one kept-alive connection was accepted by `front`: every request it sends

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers import ADMIN, ADMIN_TOKEN, GUESTS, build_c, compile_bomb, deploy, descendants, new_tenant, process_alive, server_process, wat
-from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until
+from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until, written
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +167,7 @@ async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str]
     a, b = await both_fronts(proc)
     async with http(base) as admin:
         tid, key = await new_tenant(admin)
+    await written(base, key)  # b is stopped with no write of its own under way (the previous test used it)
     async with only(a, [a, b]), http(base) as client:
         t0 = time.monotonic()
         r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
