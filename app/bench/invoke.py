@@ -92,7 +92,9 @@ def bench_invoke(args: argparse.Namespace) -> int:
         url = f"{base}/v1/functions/echo/invoke"
         hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
         _post(url, 8, 2, hot)  # binds the tenant's workers
+        before = observed.scrape(client)
         res["node_c1"] = _post(url, 1, secs, hot)
+        c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
         for c in (32, 256):
             cpu_before = cpu.sample(node_pid)
             r = res[f"node_c{c}"] = _post(url, c, secs, hot)
@@ -127,13 +129,14 @@ def bench_invoke(args: argparse.Namespace) -> int:
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
-    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use)
+    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split)
     return 0
 
 
 def _report(
     r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[observed.Slow] | None = None,
     stalls: list[observed.Stalls] | None = None, after_idle_ms: float | None = None, cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] | None = None,
+    c1_split: observed.Split | None = None,
 ) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
@@ -141,6 +144,13 @@ def _report(
     ratio = r["node_c1"].p50_ms / r["bareN_c1"].p50_ms
     _line("c=1 p50: node / bare", f"{ratio:.2f}x", "<= 2.0x", ratio <= 2.0)
     _line("c=1 p99: node / bare", f"{r['node_c1'].p99_ms / r['bareN_c1'].p99_ms:.2f}x")
+    if c1_split is not None:  # one connection: a call's cycle is the run's length over its calls
+        call, wait, run = c1_split.mean_us()
+        cycle = 1e6 * r["node_c1"].seconds / max(1, r["node_c1"].requests)
+        _line(
+            "c=1 mean us: cycle | call in the node (lease wait, guest run, rest)",
+            f"{cycle:.0f} | {call:.0f} ({wait:.0f}, {run:.0f}, {call - wait - run:.0f})",
+        )
     relay = r["relay_c1"]
     _line("bare echo + one process hop c=1 p50 / p99 (ms)", f"{relay.p50_ms:.3f} / {relay.p99_ms:.3f}")
     _line("c=1 p50: one hop / bare (the floor of the node's shape)", f"{relay.p50_ms / r['bareN_c1'].p50_ms:.2f}x")

@@ -60,6 +60,32 @@ def slow_calls(samples: list[Sample], tenant: str) -> Slow:
 
 
 @dataclass(frozen=True)
+class Split:
+    """Where a tenant's calls spent their time, as the node's histograms sum it (seconds):
+    the whole call in its front, its wait for a lease, its guest's run in the worker."""
+
+    calls: int = 0
+    call_s: float = 0.0
+    wait_s: float = 0.0
+    run_s: float = 0.0
+
+    def __sub__(self, other: Split) -> Split:
+        return Split(self.calls - other.calls, self.call_s - other.call_s, self.wait_s - other.wait_s, self.run_s - other.run_s)
+
+    def mean_us(self) -> tuple[float, float, float]:
+        """Per call: in the node's call, waiting for a lease, in the guest (microseconds)."""
+        n = self.calls or 1
+        return 1e6 * self.call_s / n, 1e6 * self.wait_s / n, 1e6 * self.run_s / n
+
+
+def split(samples: list[Sample], tenant: str) -> Split:
+    def total(name: str) -> float:
+        return _matching(samples, f"tensorwasm_invocation_{name}_seconds_sum", {"tenant": tenant})
+
+    return Split(count(samples, "tensorwasm_invocation_duration_seconds", tenant=tenant), total("duration"), total("wait"), total("run"))
+
+
+@dataclass(frozen=True)
 class Stalls:
     """What else happened during a flood run: timers the fronts' and the supervisor's event loops
     ran over STALL_S late, GC pauses over STALL_S (fronts and supervisor), and the host's share of

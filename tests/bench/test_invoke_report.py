@@ -12,7 +12,7 @@ import pytest
 
 from app.bench.cpu import HostCpu, Role, RoleCpu
 from app.bench.invoke import _report
-from app.bench.observed import Slow, Stalls, replaced, scrape, slow_calls, stalls
+from app.bench.observed import Slow, Split, Stalls, replaced, scrape, slow_calls, split, stalls
 from app.bench.wrk import WrkResult
 
 
@@ -149,3 +149,26 @@ def test_the_nodes_cpu_per_call_is_printed_per_role_with_its_busiest_process(cap
     assert line.split("core)")[1].split() == ["fronts", "883", "(83%)", "supervisor", "129", "(72%)", "workers", "539", "(43%)"]
     _report(_results([3.0]), 1, 8, cpu_use={32: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 700.0, 0.95)}})
     assert "node 700 (95%)" in _line(capsys.readouterr().out, "c=32: node CPU per call")  # one process: the whole node
+
+
+def test_a_c1_calls_time_is_split_into_its_lease_wait_its_guests_run_and_the_rest(capsys: pytest.CaptureFixture[str]) -> None:
+    def sums(tenant: str, count: int, duration: float, wait: float, run: float) -> str:
+        out = ""
+        for name, total in (("duration", duration), ("wait", wait), ("run", run)):
+            out += (
+                f"# TYPE tensorwasm_invocation_{name}_seconds histogram\n"
+                f'tensorwasm_invocation_{name}_seconds_count{{tenant="{tenant}"}} {count}.0\n'
+                f'tensorwasm_invocation_{name}_seconds_sum{{tenant="{tenant}"}} {total}\n'
+            )
+        return out
+
+    text = sums("hot", 3000, 1.2, 0.3, 0.45) + sums("other", 10, 5.0, 5.0, 5.0)
+    with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
+        after = split(scrape(client), "hot")
+    during = after - Split(1000, 0.4, 0.1, 0.15)  # the scrape before the c=1 run
+    assert during.calls == 2000
+    assert [round(x) for x in during.mean_us()] == [400, 100, 150]
+    r = _results([3.0])
+    r["node_c1"] = replace(r["node_c1"], requests=2000, seconds=1.0)  # one connection: a 500 us cycle
+    _report(r, 2, 8, c1_split=during)
+    assert _line(capsys.readouterr().out, "c=1 mean us").split("rest)")[1].split() == ["500", "|", "400", "(100,", "150,", "150)"]
