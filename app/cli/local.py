@@ -130,6 +130,17 @@ def bench_workers(backend: str, serial: int, parallel: str, devices: str, fork_o
     raise SystemExit(run(Namespace(backend=backend, serial=serial, parallel=parallel, devices=devices, fork_only=fork_only)))
 
 
+@bench.command("guest-call")
+@click.option("--backends", default="auto", show_default=True, help="comma-separated: cpu, cuda; auto: cpu, and cuda where a GPU is")
+@click.option("--calls", type=click.IntRange(min=10), default=3000, show_default=True, help="calls timed per figure")
+@click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
+def bench_guest_call(backends: str, calls: int, as_json: bool) -> None:
+    """One guest call inside a worker, piece by piece, against plain wasmtime-py."""
+    from app.bench.guest_call import bench_guest_call as run
+
+    raise SystemExit(run(Namespace(backends=backends, calls=calls, json=as_json)))
+
+
 @bench.command("density")
 @click.option("--backend", type=click.Choice(["cpu", "cuda", "auto"]), default="auto", show_default=True)
 @click.option("--bound-tenants", type=int, default=64, show_default=True, help="tenants of the bound and burst phases (a worker each)")
