@@ -7,11 +7,13 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from app.api.schemas import ErrorEnvelope
 from app.contract.errors import NoCapacity, Rejected, SupervisorGone
+from app.db.errors import unavailable
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ _DESCRIPTIONS = {
     422: "invalid input",
     429: "concurrency, queue, rate or in-flight body limit reached; see Retry-After",
     500: "internal error",
-    503: "no capacity now; see Retry-After",
+    503: "no capacity, or the database unavailable, now; see Retry-After",
     504: "the invocation exceeded its time limit",
 }
 
@@ -61,10 +63,11 @@ _DESCRIPTIONS = {
 def error_responses(*statuses: int, **descriptions: str) -> dict[int | str, dict[str, object]]:
     """OpenAPI `responses` for the error statuses a route can answer, all with the envelope.
 
-    Every route can answer 500; `descriptions` (keyed "s404" etc.) override the generic text.
+    Every route can answer 500, and 503 while the database is busy or out of reach;
+    `descriptions` (keyed "s404" etc.) override the generic text.
     """
     out: dict[int | str, dict[str, object]] = {}
-    for status in sorted({*statuses, 500}):
+    for status in sorted({*statuses, 500, 503}):
         text = descriptions.get(f"s{status}", _DESCRIPTIONS[status])
         out[status] = {"model": ErrorEnvelope, "description": text}
     return out
@@ -101,6 +104,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SupervisorGone)
     async def _supervisor_gone(_: Request, exc: SupervisorGone) -> JSONResponse:
         return envelope(503, "unavailable", f"{exc}; retry later", {"Retry-After": "1"})
+
+    @app.exception_handler(OperationalError)
+    async def _database(_: Request, exc: OperationalError) -> JSONResponse:
+        if unavailable(exc):  # the transaction was rolled back: the same request may be sent again
+            log.warning("the database is unavailable: %s", str(exc.orig).strip()[:300])
+            return envelope(503, "unavailable", "the database is busy or out of reach; the request was not completed, retry it", {"Retry-After": "1"})
+        log.exception("database error")
+        return envelope(500, "internal", "internal error; the request was not completed")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
