@@ -66,9 +66,9 @@ class Settings(BaseSettings):
     # calls of that tenant before it gives it back (0: one lease per call). A held lease is
     # returned at once when another call waits for what it holds, and after lease_idle_ms
     # without a call; its calls are paid against the tenant's rate when it is granted.
-    # Off by default: on a 16-core H200 host holds cut c=1 p50 by ~10 % and bought no
-    # throughput, and a quiet tenant's p99 beside a flood went past 10x in 2 of 22 runs with
-    # them (0 of 10 without; such spikes also came without, elsewhere): not worth the default.
+    # Off by default: on 16-core GPU hosts holds cut c=1 p50 by ~10 % and bought no throughput;
+    # judged per call on an H100 host, c=32 fell to 0.65x and a quiet tenant's worst p99 beside
+    # a flood rose from 1.44x to 3.53x its p99 alone (README, Benchmarks).
     lease_hold_ms: int = Field(default=0, ge=0, le=10_000)
     lease_idle_ms: float = Field(default=5.0, ge=0)
     hard_timeout_grace_ms: int = 1000
