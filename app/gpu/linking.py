@@ -1,9 +1,6 @@
-"""Host functions into a wasmtime linker as raw ("unchecked") functions.
-
-wasmtime-py's generic trampoline builds a `Val` for every parameter and the result on each call
-(~10x the cost of the work behind `launch`); the raw callback reads the `wasmtime_val_raw` slots
-directly. Types are still checked once, at link time.
-"""
+"""The tensorwasm ABI's host functions as raw functions (app/runtime/linking.py): each is
+called with the raw caller pointer and its parameters read straight from the value slots, and
+answers a status code; it never traps."""
 
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import wasmtime
 
 from app.gpu.signatures import Code
+from app.runtime.linking import define_raw
 
 if TYPE_CHECKING:
     from wasmtime._ffi import wasmtime_caller_t
@@ -23,8 +21,6 @@ if TYPE_CHECKING:
 CallerPtr: TypeAlias = "ctypes._Pointer[wasmtime_caller_t]"
 
 log = logging.getLogger(__name__)
-
-VALTYPES = {"i32": wasmtime.ValType.i32, "i64": wasmtime.ValType.i64}
 
 
 def define_unchecked(
@@ -36,25 +32,11 @@ def define_unchecked(
 ) -> None:
     """Define `module_name.name` as `impls[name](caller_ptr, *params)` for every signature.
 
-    What the native side holds on to (callbacks, types, the finalizer) goes into `keepalive`, which
-    must live as long as the linker and anything instantiated from it.
+    What the native side holds on to goes into `keepalive`, which must live as long as the linker
+    and anything instantiated from it.
     """
-    from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
-
-    finalizer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _env: None)
-    keepalive.append(finalizer)
-    module = module_name.encode()
     for name, (params, results) in signatures.items():
-        callback = ffi.wasmtime_func_unchecked_callback_t(raw_callback(impls[name], params, results[0]))
-        keepalive.append(callback)
-        ty = wasmtime.FuncType([VALTYPES[p]() for p in params], [VALTYPES[r]() for r in results])
-        keepalive.append(ty)
-        err = ffi.wasmtime_linker_define_func_unchecked(
-            linker.ptr(), ctypes.create_string_buffer(module), len(module),
-            ctypes.create_string_buffer(name.encode()), len(name), ty.ptr(), callback, None, finalizer,
-        )
-        if err:
-            raise wasmtime.WasmtimeError._from_ptr(err)
+        define_raw(linker, module_name, name, params, results, raw_callback(impls[name], params, results[0]), keepalive)
 
 
 def raw_callback(impl: Callable[..., int], params: tuple[str, ...], result: str) -> Callable[..., int]:

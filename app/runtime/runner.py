@@ -21,6 +21,7 @@ import wasmtime
 
 from app.contract.messages import Run
 from app.runtime.artifacts import ArtifactCache
+from app.runtime.linking import call_export, define_raw, trap_with
 from app.runtime.spans import SpanRecorder
 
 WASI = "wasi_snapshot_preview1"
@@ -162,10 +163,8 @@ class GuestRunner:
         self.linker = wasmtime.Linker(engine)
         self.linker.define_wasi()
         self.linker.allow_shadowing = True
-        i32 = wasmtime.ValType.i32()
-        self.linker.define_func(
-            WASI, "fd_write", wasmtime.FuncType([i32, i32, i32, i32], [i32]), self._fd_write, access_caller=True
-        )
+        self._keepalive: list[Any] = []
+        define_raw(self.linker, WASI, "fd_write", ("i32",) * 4, ("i32",), self._fd_write_raw, self._keepalive)
         if host is not None:
             host.define(self.linker)
         self._pres: OrderedDict[str, wasmtime.InstancePre] = OrderedDict()
@@ -192,17 +191,21 @@ class GuestRunner:
         self._pres.clear()
 
     # -- WASI stdout/stderr -------------------------------------------------------------------
-    def _fd_write(self, caller: wasmtime.Caller, fd: int, iovs: int, iovs_len: int, nwritten: int) -> int:
+    def _fd_write_raw(self, _env: Any, caller: Any, v: Any, _n: int) -> int:
+        try:
+            v[0].i32 = self._fd_write(caller, v[0].i32, v[1].i32, v[2].i32, v[3].i32)
+        except BaseException as exc:  # a cap crossed: the guest stops, `_start` raises `exc`
+            return trap_with(exc)
+        return 0
+
+    def _fd_write(self, caller: Any, fd: int, iovs: int, iovs_len: int, nwritten: int) -> int:
         if fd == 1:
             sink = self._stdout
         elif fd == 2:
             sink = self._stderr
         else:
             return _EBADF
-        mem = caller["memory"]
-        assert isinstance(mem, wasmtime.Memory)
-        size = mem.data_len(caller)
-        base = ctypes.addressof(mem.data_ptr(caller).contents)
+        base, size = _guest_memory(caller)
         if iovs < 0 or iovs_len < 0 or iovs + 8 * iovs_len > size or nwritten + 4 > size:
             return _EFAULT
         total = 0
@@ -287,7 +290,7 @@ class GuestRunner:
         store.set_epoch_deadline(ticks)
         try:
             instance = pre.instantiate(store)
-            _export(store, instance, b"_start")(store)
+            call_export(store, _export(store, instance, b"_start"))
         except wasmtime.ExitTrap as exc:
             if exc.code != 0:
                 result.status, result.exit_code = "exit", exc.code
@@ -323,6 +326,19 @@ def _export(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> 
     if not isinstance(func, wasmtime.Func):
         raise wasmtime.WasmtimeError(f"the module exports no function {name.decode()}")
     return func
+
+
+def _guest_memory(caller: Any) -> tuple[int, int]:
+    """The calling guest's exported `memory` (every deployed module has one): where it starts
+    now, and its size in bytes."""
+    from wasmtime import _ffi as ffi
+
+    item = ffi.wasmtime_extern_t()
+    if not ffi.wasmtime_caller_export_get(caller, b"memory", 6, ctypes.byref(item)) or item.kind != ffi.WASMTIME_EXTERN_MEMORY.value:
+        raise wasmtime.WasmtimeError("the module exports no memory `memory`")
+    ctx = ffi.wasmtime_caller_context(caller)
+    memory = ctypes.byref(item.of.memory)
+    return ctypes.cast(ffi.wasmtime_memory_data(ctx, memory), ctypes.c_void_p).value or 0, ffi.wasmtime_memory_data_size(ctx, memory)
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,64 @@
+"""Host functions in a wasmtime linker as raw ("unchecked") functions.
+
+wasmtime-py's generic trampoline builds a `Caller` and a `Val` for every parameter and result on
+each call; a raw callback reads and writes the `wasmtime_val_raw` slots itself (the tensorwasm
+ABI's functions: ~10x the cost of the work behind `launch`; WASI's `fd_write`: 15 of an echo
+call's ~25 us in the guest). Types are still checked once, at link time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+import wasmtime
+
+VALTYPES = {"i32": wasmtime.ValType.i32, "i64": wasmtime.ValType.i64}
+
+# (env, caller pointer, value slots, slot count) -> 0, or the address of a trap to raise
+RawCallback = Callable[[Any, Any, Any, int], int]
+
+_NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _env: None)
+
+
+def define_raw(
+    linker: wasmtime.Linker, module: str, name: str, params: tuple[str, ...], results: tuple[str, ...],
+    callback: RawCallback, keepalive: list[Any],
+) -> None:
+    """Define `module.name` as `callback`. What the native side holds on to goes into `keepalive`,
+    which must live as long as the linker and anything instantiated from it."""
+    from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
+
+    native = ffi.wasmtime_func_unchecked_callback_t(callback)
+    ty = wasmtime.FuncType([VALTYPES[p]() for p in params], [VALTYPES[r]() for r in results])
+    keepalive += [native, ty]
+    module_b, name_b = module.encode(), name.encode()
+    err = ffi.wasmtime_linker_define_func_unchecked(
+        linker.ptr(), ctypes.create_string_buffer(module_b), len(module_b),
+        ctypes.create_string_buffer(name_b), len(name_b), ty.ptr(), native, None, _NO_FINALIZER,
+    )
+    if err:
+        raise wasmtime.WasmtimeError._from_ptr(err)
+
+
+def trap_with(exc: BaseException) -> int:
+    """What a raw callback returns to stop the guest with `exc`: as for wasmtime-py's own host
+    functions, the call into the guest then raises `exc` itself in Python."""
+    from wasmtime import _func
+
+    _func.LAST_EXCEPTION = exc  # type: ignore[assignment]  # (an Exception there; BaseException works the same)
+    trap = wasmtime.Trap("python exception")._consume()
+    return ctypes.cast(trap, ctypes.c_void_p).value or 0
+
+
+def call_export(store: wasmtime.Store, func: wasmtime.Func) -> None:
+    """Call a `() -> ()` export: what `func(store)` does, without rebuilding its type (params,
+    results, a `Val` each) on every call. Traps and exits raise as there."""
+    from wasmtime import _ffi as ffi
+    from wasmtime._func import enter_wasm
+
+    with enter_wasm(store) as trap:
+        err = ffi.wasmtime_func_call(store._context(), ctypes.byref(func._func), None, 0, None, 0, trap)
+        if err:
+            raise wasmtime.WasmtimeError._from_ptr(err)
