@@ -8,7 +8,7 @@ import pytest
 import wasmtime
 
 from app.runtime.engine import make_engine
-from app.runtime.memory import CHUNK, MIN_PIN_COPY, GuestMemory
+from app.runtime.memory import CHUNK, MIN_PIN_COPY, ZERO_IN_PLACE, GuestMemory
 
 PAGE = 65536
 WAT = """(module
@@ -79,6 +79,47 @@ def test_out_of_bounds_still_traps_after_an_earlier_call_grew_the_memory(memory:
         g.peek(g.store, PAGE)
     with pytest.raises(wasmtime.Trap, match="out of bounds"):
         g.poke(g.store, 8 * PAGE, 1)
+
+
+def test_a_small_memory_is_zeroed_in_place_and_the_next_instance_of_its_size_changes_no_protection(
+    memory: GuestMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each mprotect or madvise of a worker costs a TLB shootdown: a repeated call of the same
+    small guest makes none, and still starts zeroed and still traps past its size."""
+    from app.runtime import memory as memory_module
+
+    calls: list[str] = []
+    for name in ("_mprotect", "_madvise"):
+        real = getattr(memory_module, name)
+        monkeypatch.setattr(memory_module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    engine, module = setup(memory)
+    g = Guest(engine, module)
+    g.poke(g.store, 1000, 7)
+    del g
+    memory.scrub()
+    calls.clear()
+    g = Guest(engine, module)
+    assert g.peek(g.store, 1000) == 0 and g.peek(g.store, 16) == int.from_bytes(b"seed", "little")
+    with pytest.raises(wasmtime.Trap, match="out of bounds"):
+        g.peek(g.store, PAGE)
+    del g
+    memory.scrub()
+    assert calls == []
+
+
+def test_a_memory_used_past_a_mebibyte_is_dropped_and_closed_as_before(memory: GuestMemory) -> None:
+    engine, module = setup(memory)
+    g = Guest(engine, module)
+    assert g.grow(g.store, ZERO_IN_PLACE // PAGE) == 1
+    g.poke(g.store, ZERO_IN_PLACE, 5)
+    base = g.base()
+    del g
+    memory.scrub()
+    assert memory._regions[base].open == 0  # all of it PROT_NONE again, its pages given back
+    g = Guest(engine, module)
+    assert g.peek(g.store, 1000) == 0
+    with pytest.raises(wasmtime.Trap, match="out of bounds"):
+        g.peek(g.store, ZERO_IN_PLACE)
 
 
 def test_growth_respects_the_store_limit_and_the_live_region_follows_it(memory: GuestMemory) -> None:
