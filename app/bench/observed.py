@@ -5,7 +5,8 @@ the processes' stalls, the workers replaced."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Self
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,8 +18,17 @@ SLOW_S = 0.05  # a bucket bound of the node's latency histograms
 STALL_S = 0.01  # one of the stall histograms' (a call beside a flood takes 3-5 ms)
 
 
+class _Reading:
+    """Cumulative counts read at one point: a run's share is the reading after it minus the one
+    before, field by field."""
+
+    def __sub__(self, other: Self) -> Self:
+        mine: Any = self
+        return type(self)(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(mine)))
+
+
 @dataclass(frozen=True)
-class Slow:
+class Slow(_Reading):
     """The other tenant's calls over SLOW_S: in all, waiting for a lease, in the guest's run
     (the rest of a slow call's time is in its front or on the way); and all its calls, as the
     node counted them (beside wrk's count, it shows whether wrk's requests reached the node)."""
@@ -27,9 +37,6 @@ class Slow:
     waiting: int = 0
     running: int = 0
     calls: int = 0
-
-    def __sub__(self, other: Slow) -> Slow:
-        return Slow(self.total - other.total, self.waiting - other.waiting, self.running - other.running, self.calls - other.calls)
 
 
 def scrape(client: httpx.Client) -> list[Sample]:
@@ -60,7 +67,7 @@ def slow_calls(samples: list[Sample], tenant: str) -> Slow:
 
 
 @dataclass(frozen=True)
-class Split:
+class Split(_Reading):
     """Where a tenant's calls spent their time, as the node's histograms sum it (seconds):
     the whole call in its front, its wait for a lease, its guest's run in the worker."""
 
@@ -68,9 +75,6 @@ class Split:
     call_s: float = 0.0
     wait_s: float = 0.0
     run_s: float = 0.0
-
-    def __sub__(self, other: Split) -> Split:
-        return Split(self.calls - other.calls, self.call_s - other.call_s, self.wait_s - other.wait_s, self.run_s - other.run_s)
 
     def mean_us(self) -> tuple[float, float, float]:
         """Per call: in the node's call, waiting for a lease, in the guest (microseconds)."""
@@ -86,7 +90,7 @@ def split(samples: list[Sample], tenant: str) -> Split:
 
 
 @dataclass(frozen=True)
-class Stalls:
+class Stalls(_Reading):
     """What else happened during a flood run: timers the fronts' and the supervisor's event loops
     ran over STALL_S late, GC pauses over STALL_S (fronts and supervisor), and the host's share of
     CPU time busy and stolen by the hypervisor."""
@@ -95,12 +99,6 @@ class Stalls:
     supervisor_lags: int = 0
     gc_pauses: int = 0
     host: HostCpu = HostCpu()
-
-    def __sub__(self, other: Stalls) -> Stalls:
-        return Stalls(
-            self.front_lags - other.front_lags, self.supervisor_lags - other.supervisor_lags, self.gc_pauses - other.gc_pauses,
-            self.host - other.host,
-        )
 
     def describe(self) -> str:
         total = self.host.total_s or 1.0
