@@ -19,5 +19,7 @@ def unavailable(exc: OperationalError) -> bool:
     sqlstate = getattr(orig, "sqlstate", "")
     if sqlstate in _PG_PASSING or (hasattr(orig, "sqlstate") and sqlstate is None):  # no SQLSTATE: a connection failure
         return True
-    text = str(orig).lower()
+    if str(getattr(orig, "sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return True
+    text = str(orig).lower()  # a driver that gives no error name
     return any(s in text for s in _SQLITE_BUSY)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
+import pytest
 from sqlalchemy.exc import OperationalError
 
 from app.db.errors import unavailable
@@ -19,8 +21,15 @@ def _wrapped(orig: Exception, invalidated: bool = False) -> OperationalError:
     return OperationalError("UPDATE tenants SET ...", {}, orig, connection_invalidated=invalidated)
 
 
-def test_sqlites_lock_held_past_the_busy_timeout_is_passing() -> None:
-    assert unavailable(_wrapped(sqlite3.OperationalError("database is locked")))
+def test_sqlites_lock_held_past_the_busy_timeout_is_passing(tmp_path: Path) -> None:
+    holder = sqlite3.connect(tmp_path / "db", timeout=0, isolation_level=None)
+    holder.execute("CREATE TABLE t (a)")
+    holder.execute("BEGIN IMMEDIATE")
+    writer = sqlite3.connect(tmp_path / "db", timeout=0)
+    with pytest.raises(sqlite3.OperationalError) as busy:
+        writer.execute("INSERT INTO t VALUES (1)")
+    assert unavailable(_wrapped(busy.value))  # by its error name, SQLITE_BUSY
+    assert unavailable(_wrapped(sqlite3.OperationalError("database is locked")))  # by the text, without one
     assert unavailable(_wrapped(sqlite3.OperationalError("database table is locked: tenants")))
 
 
