@@ -63,3 +63,32 @@ def test_an_unwatched_run_times_out_as_before(runner: tuple[GuestRunner, dict[st
     assert res.status == "timeout"
     assert "time limit of 200 ms" in (res.error or "")
     assert time.monotonic() - t0 < 2.0
+
+
+def test_an_idle_workers_ticker_parks_and_the_next_guest_still_keeps_its_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.runtime import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "PARK_AFTER_S", 0.1)
+    cache = ArtifactCache(tmp_path)
+    loop = compile_artifact(cache, wat("loop"))
+    r = GuestRunner(make_engine(), cache, None, 5)
+    ticker = r._ticker
+    deadline = time.monotonic() + 5
+    while not ticker.parked:
+        assert time.monotonic() < deadline, "the idle ticker never parked"
+        time.sleep(0.02)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(0.5)
+    assert time.process_time() - cpu0 < 0.05 * (time.monotonic() - wall0)  # parked: no ticks
+    t0 = time.monotonic()
+    res = r.run(_run(loop, timeout_ms=200), b"")
+    assert res.status == "timeout" and time.monotonic() - t0 < 2.0  # woken by the run, on time
+    front, worker = socket.socketpair()
+    with front, worker:
+        while not ticker.parked:  # parked again, then a watched run: its stop still comes
+            time.sleep(0.02)
+        threading.Timer(0.2, front.shutdown, args=(socket.SHUT_WR,)).start()
+        res = r.run(_run(loop), b"", watch=worker.fileno())
+    assert res.status == "cancelled", res.error
