@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -63,13 +64,28 @@ def arm_parent_death_signal() -> bool:
     return True
 
 
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that turns readable when `pid` exits (Linux 5.3+), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # an older kernel, another system, or already gone
+        return None
+
+
 def start_watchdog(node_pid: int, interval_s: float = 0.2) -> threading.Thread:
-    """Kill this process within `interval_s` of `node_pid` no longer running."""
+    """Kill this process within `interval_s` of `node_pid` no longer running: at once where the
+    kernel can tell us (a pidfd, waited on without waking), else by polling its start time."""
     born = start_time(node_pid)
     if born is None:  # gone already (it died before we got here)
         _die()
+    pidfd = _pidfd(node_pid)
+    if pidfd is not None and start_time(node_pid) != born:  # the pid named another process by then
+        _die()
 
     def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the node has exited (a zombie too)
+            _die()
         while True:
             if start_time(node_pid) != born:
                 _die()

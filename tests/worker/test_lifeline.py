@@ -9,25 +9,30 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from app.worker.stats import StatsPage, page_path, sweep_stale_pages
 from tests.helpers import ROOT, process_alive
 
-# a parent that starts a child guarded by the watchdog alone, prints the child's pid, and waits
+# a parent that starts a child guarded by the watchdog alone, prints the child's pid, and waits;
+# POLL: the child has no pidfd (an older kernel), so its watchdog polls
 _PARENT = """
 import subprocess, sys
 child = subprocess.Popen([sys.executable, "-c",
     "import os, time\\n"
-    "from app.worker.lifeline import start_watchdog\\n"
-    "start_watchdog(os.getppid())\\n"
+    "from app.worker import lifeline\\n"
+    "if POLL: lifeline._pidfd = lambda pid: None\\n"
+    "lifeline.start_watchdog(os.getppid())\\n"
     "print(os.getpid(), flush=True)\\n"
     "while True: pass\\n"], stdout=sys.stdout)
 child.wait()
 """
 
 
-def test_the_watchdog_kills_a_busy_child_whose_parent_died() -> None:
+@pytest.mark.parametrize("poll", [False, True], ids=["pidfd", "polling"])
+def test_the_watchdog_kills_a_busy_child_whose_parent_died(poll: bool) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, env=env)
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT.replace("POLL", str(poll))], stdout=subprocess.PIPE, env=env)
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     assert process_alive(child)
