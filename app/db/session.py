@@ -27,11 +27,16 @@ def sync_url(url: str) -> str:
     return url
 
 
+# The longest a statement waits for a lock another connection holds (a front stopped in the middle
+# of a write holds it for good): past it the request answers 503 with Retry-After (app/db/errors.py).
+LOCK_WAIT_MS = 5000
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:  # the driver's own connection: untyped in the event API
     cursor = dbapi_connection.cursor()
     # the wait first: the journal-mode switch below needs a lock that another front's
     # connection may hold while the node starts
-    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute(f"PRAGMA busy_timeout={LOCK_WAIT_MS}")
     # WAL lets readers run beside the batched invocation writer; FKs make cascades real.
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
@@ -45,7 +50,13 @@ def install_sqlite_pragmas(engine: Engine) -> None:
 
 
 def create_engine_for(url: str) -> AsyncEngine:
-    engine = create_async_engine(async_url(url), pool_pre_ping=make_url(url).get_backend_name() != "sqlite")
+    u = make_url(url)
+    backend = u.get_backend_name()
+    connect_args = {}
+    if backend == "postgresql":  # added to what the URL's own `options` set, if any
+        given = u.query.get("options", "")
+        connect_args["options"] = " ".join([*([given] if isinstance(given, str) and given else []), f"-c lock_timeout={LOCK_WAIT_MS}"])
+    engine = create_async_engine(async_url(url), pool_pre_ping=backend != "sqlite", connect_args=connect_args)
     install_sqlite_pragmas(engine.sync_engine)
     return engine
 

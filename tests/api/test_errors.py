@@ -4,33 +4,47 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
-import pytest
+import psycopg
 from sqlalchemy.engine import make_url
 
 from tests.helpers import ADMIN, new_tenant
 
 
-async def test_a_write_that_waits_out_sqlites_lock_is_503_and_the_retry_lands(client: httpx.AsyncClient, database_url: str) -> None:
+@contextmanager
+def _held(database_url: str, tenant_id: str) -> Iterator[None]:
+    """Another connection holds a lock the quota write needs (a front stopped mid-write): SQLite's
+    database-wide write lock, or PostgreSQL's lock on the tenant's row."""
     url = make_url(database_url)
-    if url.get_backend_name() != "sqlite":
-        pytest.skip("SQLite's database-wide write lock; PostgreSQL's passing failures are covered in tests/db/test_errors.py")
+    if url.get_backend_name() == "sqlite":
+        holder = sqlite3.connect(str(url.database), timeout=0)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.rollback()
+            holder.close()
+        return
+    with psycopg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False)) as pg:
+        pg.execute("SELECT id FROM tenants WHERE id = %s FOR UPDATE", (tenant_id,))
+        yield
+        pg.rollback()
+
+
+async def test_a_write_that_waits_out_the_lock_wait_is_503_and_the_retry_lands(client: httpx.AsyncClient, database_url: str) -> None:
     tid, _ = await new_tenant(client)
-    holder = sqlite3.connect(str(url.database), timeout=0)
-    try:
-        holder.execute("BEGIN IMMEDIATE")  # another process mid-write, stopped there
+    with _held(database_url, tid):
         t0 = time.monotonic()
         r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
         waited = time.monotonic() - t0
-    finally:
-        holder.rollback()
-        holder.close()
     assert r.status_code == 503, r.text
     assert r.json()["error"]["code"] == "unavailable"
     assert "retry" in r.json()["error"]["message"]
     assert r.headers["Retry-After"] == "1"
-    assert waited >= 4, waited  # it waited for the lock (busy timeout 5 s) before giving up
+    assert waited >= 4, waited  # it waited for the lock (5 s: app/db/session.py) before giving up
     assert (await client.get(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN)).json()["max_concurrency"] != 3  # nothing half-written
     r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
     assert r.status_code == 200 and r.json()["max_concurrency"] == 3
