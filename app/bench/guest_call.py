@@ -43,6 +43,11 @@ def _per_call_us(fn: Callable[[], object], calls: int) -> float:
 
 def measure(backend_kind: str, calls: int) -> dict[str, float]:
     """The figures of one backend, in this process (µs per call)."""
+    with tempfile.TemporaryDirectory(prefix="tw-guest-call-") as work:
+        return _measure(backend_kind, calls, Path(work))
+
+
+def _measure(backend_kind: str, calls: int, work: Path) -> dict[str, float]:
     import wasmtime
 
     from app.contract.messages import Run
@@ -52,7 +57,6 @@ def measure(backend_kind: str, calls: int) -> dict[str, float]:
     from app.runtime.memory import GuestMemory
     from app.runtime.runner import GuestRunner
 
-    work = Path(tempfile.mkdtemp(prefix="tw-guest-call-"))
     if backend_kind == "cuda":
         from app.gpu.cuda import CudaBackend
 
