@@ -36,21 +36,21 @@ class Sample:
     cpu_s: float  # user + system, since the process started
 
 
-def _children(proc: Path) -> dict[int, list[int]]:
+def children(proc: Path = PROC) -> dict[int, list[int]]:
+    """Every process's children, by parent pid, as /proc lists them now."""
     kids: dict[int, list[int]] = {}
     for entry in proc.iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
-            except OSError:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
             kids.setdefault(ppid, []).append(int(entry.name))
     return kids
 
 
 def _tree(root: int, proc: Path) -> Iterator[int]:
-    kids, todo = _children(proc), [root]
+    kids, todo = children(proc), [root]
     while todo:
         pid = todo.pop()
         yield pid

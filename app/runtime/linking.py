@@ -13,12 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 import wasmtime
+from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
+from wasmtime import _func
+from wasmtime._func import enter_wasm
 
 VALTYPES = {"i32": wasmtime.ValType.i32, "i64": wasmtime.ValType.i64}
 
 # (env, caller pointer, value slots, slot count) -> 0, or the address of a trap to raise
 RawCallback = Callable[[Any, Any, Any, int], int]
 
+_MEMORY = ffi.WASMTIME_EXTERN_MEMORY.value
 _NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _env: None)
 
 
@@ -28,8 +32,6 @@ def define_raw(
 ) -> None:
     """Define `module.name` as `callback`. What the native side holds on to goes into `keepalive`,
     which must live as long as the linker and anything instantiated from it."""
-    from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
-
     native = ffi.wasmtime_func_unchecked_callback_t(callback)
     ty = wasmtime.FuncType([VALTYPES[p]() for p in params], [VALTYPES[r]() for r in results])
     keepalive += [native, ty]
@@ -45,19 +47,25 @@ def define_raw(
 def trap_with(exc: BaseException) -> int:
     """What a raw callback returns to stop the guest with `exc`: as for wasmtime-py's own host
     functions, the call into the guest then raises `exc` itself in Python."""
-    from wasmtime import _func
-
     _func.LAST_EXCEPTION = exc  # type: ignore[assignment]  # (an Exception there; BaseException works the same)
     trap = wasmtime.Trap("python exception")._consume()
     return ctypes.cast(trap, ctypes.c_void_p).value or 0
 
 
+def guest_memory(caller: Any) -> tuple[int, int]:
+    """Inside a raw callback: the calling guest's exported `memory` (every deployed module has
+    one), where it starts now and its size in bytes."""
+    item = ffi.wasmtime_extern_t()
+    if not ffi.wasmtime_caller_export_get(caller, b"memory", 6, ctypes.byref(item)) or item.kind != _MEMORY:
+        raise wasmtime.WasmtimeError("the module exports no memory `memory`")
+    ctx = ffi.wasmtime_caller_context(caller)
+    memory = ctypes.byref(item.of.memory)
+    return ctypes.cast(ffi.wasmtime_memory_data(ctx, memory), ctypes.c_void_p).value or 0, ffi.wasmtime_memory_data_size(ctx, memory)
+
+
 def call_export(store: wasmtime.Store, func: wasmtime.Func) -> None:
     """Call a `() -> ()` export: what `func(store)` does, without rebuilding its type (params,
     results, a `Val` each) on every call. Traps and exits raise as there."""
-    from wasmtime import _ffi as ffi
-    from wasmtime._func import enter_wasm
-
     with enter_wasm(store) as trap:
         err = ffi.wasmtime_func_call(store._context(), ctypes.byref(func._func), None, 0, None, 0, trap)
         if err:

@@ -7,14 +7,13 @@ enforced at the write that crosses them, and a flood traps at once instead of sp
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import select
 import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,7 +21,7 @@ import wasmtime
 
 from app.contract.messages import Run
 from app.runtime.artifacts import ArtifactCache
-from app.runtime.linking import call_export, define_raw, trap_with
+from app.runtime.linking import call_export, define_raw, guest_memory, trap_with
 from app.runtime.spans import SpanRecorder
 
 WASI = "wasi_snapshot_preview1"
@@ -115,19 +114,17 @@ class _Ticker(threading.Thread):
         self.parked = False  # waiting on `resume` (under `lock`)
         self.resume = threading.Event()
 
-    @contextlib.contextmanager
-    def guest(self, watch: tuple[int, int] | None) -> Iterator[None]:
-        """While a guest runs: ticks, and its connection watched if given."""
+    def begin(self, watch: tuple[int, int] | None) -> None:
+        """A guest starts: tick (waking a parked ticker), and watch its connection if given."""
         with self.lock:
             self.running, self.watched = True, watch
             if self.parked:
                 self.parked = False
                 self.resume.set()
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.running, self.watched = False, None
+
+    def end(self) -> None:
+        with self.lock:
+            self.running, self.watched = False, None
 
     def run(self) -> None:
         idle = 0
@@ -241,7 +238,7 @@ class GuestRunner:
             sink = self._stderr
         else:
             return _EBADF
-        base, size = _guest_memory(caller)
+        base, size = guest_memory(caller)
         if iovs < 0 or iovs_len < 0 or iovs + 8 * iovs_len > size or nwritten + 4 > size:
             return _EFAULT
         total = 0
@@ -262,8 +259,11 @@ class GuestRunner:
         result = RunResult(status="ok")
         self._stdout.reset(0, tail_only=False)
         self._stderr.reset(0, tail_only=True)
-        with self._ticker.guest(None):
+        self._ticker.begin(None)
+        try:
             self._execute(pre, req, b"", result)
+        finally:
+            self._ticker.end()
         if result.status != "ok":
             raise RuntimeError(f"the worker's warm-up guest failed: {result.error}")
 
@@ -273,8 +273,11 @@ class GuestRunner:
         which stops the guest (status `cancelled`; the worker stays clean)."""
         started = time.perf_counter()
         self._runs += 1
-        with self._ticker.guest((self._runs, watch) if watch is not None else None):
+        self._ticker.begin((self._runs, watch) if watch is not None else None)
+        try:
             return self._run(req, stdin, started)
+        finally:
+            self._ticker.end()
 
     def _run(self, req: Run, stdin: bytes, started: float) -> RunResult:
         self._stdout.reset(req.stdout_limit, tail_only=False, emit=self.on_stdout if req.stream else None)
@@ -356,19 +359,6 @@ def _export(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> 
     if not isinstance(func, wasmtime.Func):
         raise wasmtime.WasmtimeError(f"the module exports no function {name.decode()}")
     return func
-
-
-def _guest_memory(caller: Any) -> tuple[int, int]:
-    """The calling guest's exported `memory` (every deployed module has one): where it starts
-    now, and its size in bytes."""
-    from wasmtime import _ffi as ffi
-
-    item = ffi.wasmtime_extern_t()
-    if not ffi.wasmtime_caller_export_get(caller, b"memory", 6, ctypes.byref(item)) or item.kind != ffi.WASMTIME_EXTERN_MEMORY.value:
-        raise wasmtime.WasmtimeError("the module exports no memory `memory`")
-    ctx = ffi.wasmtime_caller_context(caller)
-    memory = ctypes.byref(item.of.memory)
-    return ctypes.cast(ffi.wasmtime_memory_data(ctx, memory), ctypes.c_void_p).value or 0, ffi.wasmtime_memory_data_size(ctx, memory)
 
 
 def _first_line(text: str) -> str:
