@@ -1,8 +1,12 @@
-"""The tensorwasm ABI on the CPU backend, through the HTTP API and real guests."""
+"""The tensorwasm ABI on the CPU backend, through the HTTP API and real guests.
+
+These tests assert the CPU backend's answers (its device info, its refusal of run-time CUDA C),
+so they run it whatever TENSORWASM_TEST_BACKEND says; tests/gpu/test_cuda.py asserts CUDA's."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import numpy as np
@@ -11,9 +15,16 @@ import pytest
 from app.kernels.std_numpy import STD
 from tests.gpu.runner import Buf, abi_code, f32, rec_buf, rec_f32, rec_i32, request
 from tests.gpu.std_cases import case
-from tests.helpers import ADMIN, deploy, new_tenant
+from tests.helpers import ADMIN, deploy, make_settings, new_tenant, running_app
 
 CAP = 1 << 20
+
+
+@pytest.fixture(scope="module")
+async def client(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    settings = make_settings(database_url, tmp_path_factory.mktemp("abi-cpu"), backend="cpu")
+    async with running_app(settings) as (client, _):
+        yield client
 
 
 async def run(client: httpx.AsyncClient, key: dict, name: str, body: bytes) -> httpx.Response:
@@ -162,7 +173,7 @@ async def test_zero_gpu_quota_is_unavailable(client: httpx.AsyncClient, c_guest)
 
 
 async def test_per_instance_buffer_limit(app_factory, c_guest) -> None:
-    async with app_factory(max_buffers_per_instance=4) as (client, _):
+    async with app_factory(max_buffers_per_instance=4, backend="cpu") as (client, _):
         _, key = await new_tenant(client, gpu_memory_bytes=CAP)
         await deploy(client, key, "runner", c_guest("kernel_runner.c"))
         ok = request("scale_f32", [Buf(8)] * 4, [rec_buf(0), rec_f32(1), rec_i32(0)], [])
