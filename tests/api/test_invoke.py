@@ -120,12 +120,13 @@ async def test_env_argv_and_query(client: httpx.AsyncClient, c_guest) -> None:
     assert r.status_code == 500 and r.json()["error"]["exit_code"] == 7
 
 
-async def test_concurrency_limit_429_with_retry_after(client: httpx.AsyncClient, c_guest) -> None:
-    _, key = await new_tenant(client, max_concurrency=1)
-    await deploy(client, key, "spin", c_guest("spin.c"))
-    assert (await invoke(client, key, "spin", b"1")).status_code == 200  # bind first
-    calls = [invoke(client, key, "spin", b"1500") for _ in range(3)]
-    results = await asyncio.gather(*calls)
+async def test_concurrency_limit_429_with_retry_after(app_factory, c_guest) -> None:
+    # a queue wait shorter than the calls, whatever the backend (the CUDA tests' default is 30 s)
+    async with app_factory(queue_wait_ms=300) as (client, _):
+        _, key = await new_tenant(client, max_concurrency=1)
+        await deploy(client, key, "spin", c_guest("spin.c"))
+        assert (await invoke(client, key, "spin", b"1")).status_code == 200  # bind first
+        results = await asyncio.gather(*[invoke(client, key, "spin", b"1500") for _ in range(3)])
     codes = sorted(r.status_code for r in results)
     assert codes[0] == 200 and 429 in codes, codes
     limited = next(r for r in results if r.status_code == 429)
