@@ -23,6 +23,7 @@ VALTYPES = {"i32": wasmtime.ValType.i32, "i64": wasmtime.ValType.i64}
 RawCallback = Callable[[Any, Any, Any, int], int]
 
 _MEMORY = ffi.WASMTIME_EXTERN_MEMORY.value
+_FUNC = ffi.WASMTIME_EXTERN_FUNC.value
 _NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _env: None)
 
 
@@ -63,10 +64,21 @@ def guest_memory(caller: Any) -> tuple[int, int]:
     return ctypes.cast(ffi.wasmtime_memory_data(ctx, memory), ctypes.c_void_p).value or 0, ffi.wasmtime_memory_data_size(ctx, memory)
 
 
-def call_export(store: wasmtime.Store, func: wasmtime.Func) -> None:
-    """Call a `() -> ()` export: what `func(store)` does, without rebuilding its type (params,
-    results, a `Val` each) on every call. Traps and exits raise as there."""
+def export_func(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> Any:
+    """The instance's exported function `name`, as the raw handle `call_export` takes: neither
+    `Instance.exports()` (a wrapper for every export) nor a `Func` around it."""
+    item = ffi.wasmtime_extern_t()
+    found = ffi.wasmtime_instance_export_get(store._context(), ctypes.byref(instance._instance), name, len(name), ctypes.byref(item))
+    if not found or item.kind != _FUNC:
+        raise wasmtime.WasmtimeError(f"the module exports no function {name.decode()}")
+    return item.of.func  # shares `item`'s buffer and keeps it alive
+
+
+def call_export(store: wasmtime.Store, func: Any) -> None:
+    """Call a `() -> ()` export (from `export_func`): what `Func.__call__` does, without
+    rebuilding its type (params, results, a `Val` each) on every call. Traps and exits raise as
+    there."""
     with enter_wasm(store) as trap:
-        err = ffi.wasmtime_func_call(store._context(), ctypes.byref(func._func), None, 0, None, 0, trap)
+        err = ffi.wasmtime_func_call(store._context(), ctypes.byref(func), None, 0, None, 0, trap)
         if err:
             raise wasmtime.WasmtimeError._from_ptr(err)

@@ -1,7 +1,7 @@
 """Run one guest invocation inside a worker: fresh Store + instance from a cached InstancePre.
 
-The hot path. Per call: one Store, one WasiConfig (stdin handed over as bytes, no file),
-one instantiate, one `_start` call. stdout/stderr go through our own `fd_write` so the caps are
+The hot path. Per call: one Store, its WASI context (app/runtime/wasi.py: stdin handed over as
+bytes, no file), one instantiate, one `_start` call. stdout/stderr go through our own `fd_write` so the caps are
 enforced at the write that crosses them, and a flood traps at once instead of spinning.
 """
 
@@ -21,8 +21,9 @@ import wasmtime
 
 from app.contract.messages import Run
 from app.runtime.artifacts import ArtifactCache
-from app.runtime.linking import call_export, define_raw, guest_memory, trap_with
+from app.runtime.linking import call_export, define_raw, export_func, guest_memory, trap_with
 from app.runtime.spans import SpanRecorder
+from app.runtime.wasi import WasiContexts
 
 WASI = "wasi_snapshot_preview1"
 _WARM_UP_WAT = '(module (memory (export "memory") 1) (func (export "_start")))'
@@ -161,30 +162,6 @@ class _Ticker(threading.Thread):
                 self.engine.increment_epoch()
 
 
-_CHARS = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
-
-
-def _set_stdin(wasi: wasmtime.WasiConfig, data: bytes) -> None:
-    """stdin as bytes the guest reads from memory: wasmtime-py only offers a file path, and
-    opening one per call (/proc/self/fd of a memfd) cost ~40 us of an echo call's ~180."""
-    from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
-
-    vec = ffi.wasm_byte_vec_t()
-    ffi.wasm_byte_vec_new(ctypes.byref(vec), len(data), ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ffi.wasm_byte_t)))
-    ffi.wasi_config_set_stdin_bytes(wasi.ptr(), ctypes.byref(vec))  # takes the vector over
-
-
-def _set_env(wasi: wasmtime.WasiConfig, env: dict[str, str]) -> None:
-    """What `WasiConfig.env` does, with one ctypes array per side instead of an object per string."""
-    from wasmtime import _ffi as ffi
-
-    n = len(env)
-    names = (ctypes.c_char_p * n)(*[k.encode() for k in env])
-    values = (ctypes.c_char_p * n)(*[v.encode() for v in env.values()])
-    if not ffi.wasi_config_set_env(wasi.ptr(), n, ctypes.cast(names, _CHARS), ctypes.cast(values, _CHARS)):
-        raise wasmtime.WasmtimeError("failed to configure environment")
-
-
 class GuestRunner:
     def __init__(
         self, engine: wasmtime.Engine, artifacts: ArtifactCache, host: HostAbi | None, tick_ms: int
@@ -207,6 +184,7 @@ class GuestRunner:
         self._ticker = _Ticker(engine, tick_ms / 1000)
         self._ticker.start()
         self._runs = 0
+        self._wasi = WasiContexts()
 
     # -- module cache -------------------------------------------------------------------------
     def _instance_pre(self, sha256: str) -> wasmtime.InstancePre:
@@ -313,17 +291,12 @@ class GuestRunner:
     def _execute(self, pre: wasmtime.InstancePre, req: Run, stdin: bytes, result: RunResult) -> None:
         store = wasmtime.Store(self.engine)
         store.set_limits(memory_size=req.wasm_memory_bytes)
-        wasi = wasmtime.WasiConfig()
-        wasi.argv = [req.function]
-        _set_env(wasi, req.env)
-        if stdin:  # an empty body needs no stdin at all: reads see EOF
-            _set_stdin(wasi, stdin)
-        store.set_wasi(wasi)
+        self._wasi.set(store, req.function, req.env, stdin)
         self._ticker.ticks = ticks = max(1, -(-req.timeout_ms // self.tick_ms)) + 1
         store.set_epoch_deadline(ticks)
         try:
             instance = pre.instantiate(store)
-            call_export(store, _export(store, instance, b"_start"))
+            call_export(store, export_func(store, instance, b"_start"))
         except wasmtime.ExitTrap as exc:
             if exc.code != 0:
                 result.status, result.exit_code = "exit", exc.code
@@ -344,21 +317,6 @@ class GuestRunner:
             result.status, result.error = "error", _instantiate_error(str(exc), req)
         if result.exit_code is None and result.status == "ok":
             result.exit_code = 0
-
-
-def _export(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> wasmtime.Func:
-    """One export by name; `Instance.exports()` would wrap every export of the module."""
-    from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
-    from wasmtime._extern import wrap_extern
-
-    item = ffi.wasmtime_extern_t()
-    found = ffi.wasmtime_instance_export_get(
-        store._context(), ctypes.byref(instance._instance), name, len(name), ctypes.byref(item)
-    )
-    func = wrap_extern(item) if found else None
-    if not isinstance(func, wasmtime.Func):
-        raise wasmtime.WasmtimeError(f"the module exports no function {name.decode()}")
-    return func
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,66 @@
+"""A call's WASI context as the runner sets it (app/runtime/wasi.py): argv, the environment and
+stdin reach the guest exactly, call after call, and nothing of one call reaches the next."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import wasmtime
+
+from app.bench.invoke import ECHO_WAT
+from app.contract.messages import Run
+from app.runtime.artifacts import ArtifactCache
+from app.runtime.engine import make_engine
+from app.runtime.memory import GuestMemory
+from app.runtime.runner import GuestRunner, RunResult
+from app.runtime.wasi import WasiContexts
+from tests.helpers import compile_artifact
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory, c_guest: Callable[[str], bytes]) -> Iterator[tuple[GuestRunner, dict[str, str]]]:
+    cache = ArtifactCache(Path(tmp_path_factory.mktemp("wasi")))
+    shas = {
+        "echo": compile_artifact(cache, bytes(wasmtime.wat2wasm(ECHO_WAT))),
+        "hello": compile_artifact(cache, c_guest("hello.c")),
+    }
+    yield GuestRunner(make_engine(GuestMemory()), cache, None, 5), shas
+
+
+def _run(runner: tuple[GuestRunner, dict[str, str]], guest: str, stdin: bytes, env: dict[str, str] | None = None, name: str = "") -> RunResult:
+    r, shas = runner
+    res = r.run(Run("inv", name or guest, shas[guest], env or {}, 10_000, 64 << 20, 4 << 20, 1 << 16), stdin)
+    assert res.status == "ok", res.error
+    return res
+
+
+def _lines(res: RunResult) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in bytes(res.stdout).decode().splitlines())
+
+
+@pytest.mark.parametrize("body", [b"hello", b"\x00\xff\x00 binary \x00", bytes(range(256)) * 4096], ids=["text", "nul-bytes", "1-MiB"])
+def test_stdin_reaches_the_guest_byte_for_byte(runner: tuple[GuestRunner, dict[str, str]], body: bytes) -> None:
+    assert bytes(_run(runner, "echo", body).stdout) == body
+
+
+def test_an_empty_body_reads_as_end_of_file(runner: tuple[GuestRunner, dict[str, str]]) -> None:
+    _run(runner, "echo", b"long enough to be seen if it stayed")
+    assert bytes(_run(runner, "echo", b"").stdout) == b""
+
+
+def test_argv_and_environment(runner: tuple[GuestRunner, dict[str, str]]) -> None:
+    lines = _lines(_run(runner, "hello", b"world", {"GREETING": "grüße, 世界", "TW_TENANT": "acme"}, name="greeter"))
+    assert lines["argv0"] == "greeter" and lines["GREETING"] == "grüße, 世界" and lines["TW_TENANT"] == "acme"
+    assert lines["body"] == "world"
+    # the next call sees its own environment only, under its own name
+    lines = _lines(_run(runner, "hello", b"", {"TW_FUNCTION": "x"}, name="other"))
+    assert lines["argv0"] == "other" and lines["GREETING"] == "" and lines["TW_TENANT"] == "" and lines["TW_FUNCTION"] == "x"
+
+
+def test_argv_stays_right_past_its_cache(runner: tuple[GuestRunner, dict[str, str]]) -> None:
+    r, _ = runner
+    r._wasi = WasiContexts(argv_cache=2)  # a small cache: names come and go from it
+    for name in ["a", "b", "c", "a", "d", "b"] * 3:
+        assert _lines(_run(runner, "hello", b"", name=name))["argv0"] == name
