@@ -26,7 +26,8 @@ def runner(tmp_path_factory: pytest.TempPathFactory, c_guest: Callable[[str], by
         "echo": compile_artifact(cache, bytes(wasmtime.wat2wasm(ECHO_WAT))),
         "hello": compile_artifact(cache, c_guest("hello.c")),
     }
-    yield GuestRunner(make_engine(GuestMemory()), cache, None, 5), shas
+    memory = GuestMemory()  # its callbacks must outlive the engine: this frame holds it meanwhile
+    yield GuestRunner(make_engine(memory), cache, None, 5), shas
 
 
 def _run(runner: tuple[GuestRunner, dict[str, str]], guest: str, stdin: bytes, env: dict[str, str] | None = None, name: str = "") -> RunResult:
