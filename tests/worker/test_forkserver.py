@@ -27,7 +27,7 @@ async def _gone(pid: int, within_s: float = 5.0) -> bool:
 
 
 async def test_forked_workers_serve_and_their_exit_is_seen(tmp_path: Path) -> None:
-    settings = make_settings("sqlite://", tmp_path)
+    settings = make_settings("sqlite://", tmp_path, backend="cpu")  # the fork server below is a CPU one
     fs = ForkServer("cpu")
     try:
         a, b = WorkerHandle(settings, spawner=fs), WorkerHandle(settings, spawner=fs)
@@ -48,7 +48,7 @@ async def test_forked_workers_serve_and_their_exit_is_seen(tmp_path: Path) -> No
 
 
 async def test_workers_die_with_the_fork_server_and_it_comes_back(tmp_path: Path) -> None:
-    settings = make_settings("sqlite://", tmp_path)
+    settings = make_settings("sqlite://", tmp_path, backend="cpu")  # the fork server below is a CPU one
     fs = ForkServer("cpu")
     try:
         w = WorkerHandle(settings, spawner=fs)
@@ -105,7 +105,7 @@ def test_closing_a_worker_under_uvloop_closes_no_other_fd(tmp_path: Path, monkey
     file object too: the second close must not take an fd opened in between."""
     import uvloop
 
-    settings = make_settings("sqlite://", tmp_path)
+    settings = make_settings("sqlite://", tmp_path, backend="cpu")  # the fork server below is a CPU one
     monkeypatch.setattr(os, "fdopen", _probe_fdopen)
     _Probe.stolen = []
 

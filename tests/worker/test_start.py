@@ -28,6 +28,11 @@ READY = (
 CRASH = "import sys; sys.exit(1)"
 
 
+def _pythonpath() -> str:
+    """This checkout first, then what the test run was given (where its dependencies may live)."""
+    return os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
+
+
 class ScriptSpawner:
     """Spawns a short Python script in place of a worker, with the environment it was given."""
 
@@ -37,7 +42,7 @@ class ScriptSpawner:
     async def spawn(self, argv: list[str], env: dict[str, str] | None = None, limit: int = 1 << 20) -> Any:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-c", self.script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **(env or {})}, limit=limit,
+            env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})}, limit=limit,
         )
 
 
