@@ -1,8 +1,9 @@
 """Run one guest invocation inside a worker: fresh Store + instance from a cached InstancePre.
 
 The hot path. Per call: one Store, its WASI context (app/runtime/wasi.py: stdin handed over as
-bytes, no file), one instantiate, one `_start` call. stdout/stderr go through our own `fd_write` so the caps are
-enforced at the write that crosses them, and a flood traps at once instead of spinning.
+bytes, no file), one instantiate, one `_start` call. stdout/stderr go through our own `fd_write`
+so the caps are enforced at the write that crosses them, and a flood traps at once instead of
+spinning.
 """
 
 from __future__ import annotations
