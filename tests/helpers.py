@@ -209,6 +209,12 @@ def fresh_database(tmp_path: Path) -> tuple[str, Callable[[], None]]:
     return f"sqlite:///{tmp_path / f'node-{uuid.uuid4().hex[:6]}.db'}", lambda: None
 
 
+def checkout_pythonpath() -> str:
+    """PYTHONPATH for a child process: this checkout first, then what the test run was given
+    (where dependencies live on a machine that installs them to a target directory)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
 class Node:
     """A real `tensorwasm serve` process (CPU backend) on a free port."""
 
@@ -217,7 +223,7 @@ class Node:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+            "PYTHONPATH": checkout_pythonpath(),
             "TENSORWASM_DATABASE_URL": database_url,
             "TENSORWASM_DATA_DIR": str(data_dir),
             "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN,

@@ -13,7 +13,7 @@ import pytest
 
 from app.gpu.cuda import is_refusal
 from app.worker.client import StartRefused, WorkerHandle, WorkerLost, WorkerState
-from tests.helpers import make_settings
+from tests.helpers import checkout_pythonpath, make_settings
 
 # Stand-ins for app.worker.main: each answers its first frame as a worker would at start.
 REFUSED = (
@@ -28,11 +28,6 @@ READY = (
 CRASH = "import sys; sys.exit(1)"
 
 
-def _pythonpath() -> str:
-    """This checkout first, then what the test run was given (where its dependencies may live)."""
-    return os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
-
-
 class ScriptSpawner:
     """Spawns a short Python script in place of a worker, with the environment it was given."""
 
@@ -42,7 +37,7 @@ class ScriptSpawner:
     async def spawn(self, argv: list[str], env: dict[str, str] | None = None, limit: int = 1 << 20) -> Any:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-c", self.script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})}, limit=limit,
+            env={**os.environ, "PYTHONPATH": checkout_pythonpath(), **(env or {})}, limit=limit,
         )
 
 
