@@ -25,6 +25,7 @@ from app.bench.compile import compile_bomb_wat
 from app.main import create_app
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.engine import make_engine
+from app.runtime.validation import has_start_function
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +100,25 @@ async def deploy(client: httpx.AsyncClient, headers: dict[str, str], name: str, 
 
 def wat(name: str) -> bytes:
     return bytes(wasmtime.wat2wasm((GUESTS / f"{name}.wat").read_text()))
+
+
+_COUNTER = """(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") {pages})
+  (data (i32.const 0) "0")
+  (data (i32.const 8) "\\00\\00\\00\\00\\01\\00\\00\\00")
+  (data (i32.const 32) "{tag}")
+  {start}
+  (func $bump (i32.store8 (i32.const 0) (i32.add (i32.load8_u (i32.const 0)) (i32.const 1))))
+  (func (export "_start") (call $bump) (drop (call $w (i32.const 1) (i32.const 8) (i32.const 1) (i32.const 16)))))"""
+
+
+def counter_module(*, start_function: bool = False, pages: int = 1, tag: str = "") -> bytes:
+    """A guest that adds one to a byte its data segment sets to "0" and prints it: "1" from a
+    fresh instance, "2" with `start_function` (which adds one at instantiation). `tag` makes
+    the module's bytes (and so its sha256) unique."""
+    start = "(start $bump)" if start_function else ""
+    return bytes(wasmtime.wat2wasm(_COUNTER.format(pages=pages, start=start, tag=tag)))
 
 
 _C_CACHE: dict[str, bytes] = {}
@@ -302,7 +322,7 @@ def compile_artifact(cache: ArtifactCache, wasm: bytes) -> str:
     GuestRunner directly need an artifact without a running app.
     """
     sha = hashlib.sha256(wasm).hexdigest()
-    cache.store(sha, wasmtime.Module(make_engine(), wasm))
+    cache.store(sha, wasmtime.Module(make_engine(), wasm), start_function=has_start_function(wasm))
     return sha
 
 

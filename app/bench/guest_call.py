@@ -92,7 +92,7 @@ def _measure(backend_kind: str, calls: int, work: Path) -> dict[str, float]:
     engine = make_engine(memory)
     artifacts = ArtifactCache(work)
     sha = "0" * 64
-    artifacts.store(sha, wasmtime.Module(engine, ECHO_WAT))
+    artifacts.store(sha, wasmtime.Module(engine, ECHO_WAT), start_function=False)
     runner = GuestRunner(engine, artifacts, host, tick_ms=5)
     runner.warm_up()
     memory.scrub()

@@ -3,6 +3,11 @@
 Only this platform writes the cache directory (mode 0700, inside the data dir), so only
 artifacts it produced are ever deserialized: the compile sandbox writes into a file the api
 process created here, which is adopted only after the compile process answered cleanly.
+
+Beside an artifact, `<sha256>.nostart` records that its module has no start function, so that
+instantiating it runs no guest code and a worker may build its instances ahead of a call
+(app/runtime/runner.py). It is written before the artifact is put in place: a worker that sees
+an artifact without it (one cached before it existed) only builds no instance ahead.
 """
 
 from __future__ import annotations
@@ -27,10 +32,18 @@ class ArtifactCache:
     def has(self, sha256: str) -> bool:
         return self.path_for(sha256).exists()
 
-    def store(self, sha256: str, module: wasmtime.Module) -> Path:
+    def has_no_start_function(self, sha256: str) -> bool:
+        return (self.root / f"{sha256}.nostart").exists()
+
+    def _record_start(self, sha256: str, start_function: bool) -> None:
+        if not start_function:
+            (self.root / f"{sha256}.nostart").touch(mode=0o600)
+
+    def store(self, sha256: str, module: wasmtime.Module, *, start_function: bool) -> Path:
         path = self.path_for(sha256)
         if path.exists():
             return path
+        self._record_start(sha256, start_function)
         data = module.serialize()
         fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
@@ -38,10 +51,11 @@ class ArtifactCache:
         os.replace(tmp, path)  # atomic: a reader sees the whole artifact or none
         return path
 
-    def adopt(self, sha256: str, compiled: Path) -> Path:
+    def adopt(self, sha256: str, compiled: Path, *, start_function: bool) -> Path:
         """Move a file the compile sandbox wrote (in `root`) into place, atomically."""
         path = self.path_for(sha256)
         if not path.exists():
+            self._record_start(sha256, start_function)
             os.replace(compiled, path)
         return path
 

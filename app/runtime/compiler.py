@@ -90,8 +90,13 @@ class ModuleCompiler:
                 raise CompilerUnavailable(str(exc)) from None
             if result.outcome is CompileOutcome.INVALID:
                 raise InvalidModule(result.data["message"])
-            self.cache.adopt(sha, Path(tmp))
-            return ModuleInfo(imports=list(result.data["imports"]), uses_gpu=bool(result.data["uses_gpu"]))
+            info = ModuleInfo(
+                imports=list(result.data["imports"]),
+                uses_gpu=bool(result.data["uses_gpu"]),
+                start_function=bool(result.data["start_function"]),
+            )
+            self.cache.adopt(sha, Path(tmp), start_function=info.start_function)
+            return info
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

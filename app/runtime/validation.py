@@ -32,6 +32,34 @@ class InvalidModule(ValueError):
 class ModuleInfo:
     imports: list[str]
     uses_gpu: bool
+    start_function: bool = False  # instantiating it runs guest code (the module's start section)
+
+
+_START_SECTION = 8
+
+
+def has_start_function(wasm: bytes) -> bool:
+    """Whether a module (valid: compiled already) has a start section, which instantiation runs.
+
+    wasmtime-py does not expose it, so this walks the section headers: an id byte, then the
+    section's size as unsigned LEB128.
+    """
+    pos = 8  # magic and version
+    while pos < len(wasm):
+        section = wasm[pos]
+        pos += 1
+        size = shift = 0
+        while True:
+            byte = wasm[pos]
+            pos += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        if section == _START_SECTION:
+            return True
+        pos += size
+    return False
 
 
 def _valtype_names(types: list[wasmtime.ValType]) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ import sys
 from typing import Any, BinaryIO
 
 from app.runtime.engine import make_engine
-from app.runtime.validation import InvalidModule, check_module, compile_module
+from app.runtime.validation import InvalidModule, check_module, compile_module, has_start_function
 from app.sandbox.errors import looks_like_oom
 
 PR_SET_PDEATHSIG = 1
@@ -66,7 +66,13 @@ def compile_wasm(engine: Any, job: dict[str, Any], payload: bytes) -> dict[str, 
     # the parent created this file (0600, in the artifact cache) and adopts it after our answer
     with open(job["artifact"], "wb") as f:
         f.write(data)
-    return {"outcome": "ok", "imports": info.imports, "uses_gpu": info.uses_gpu, "artifact_bytes": len(data)}
+    return {
+        "outcome": "ok",
+        "imports": info.imports,
+        "uses_gpu": info.uses_gpu,
+        "start_function": has_start_function(payload),
+        "artifact_bytes": len(data),
+    }
 
 
 def check_cuda(job: dict[str, Any], payload: bytes) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import uuid
 import httpx
 import wasmtime
 
-from tests.helpers import ADMIN, deploy, new_tenant, wat
+from tests.helpers import ADMIN, counter_module, deploy, new_tenant, wat
 
 
 async def invoke(client: httpx.AsyncClient, key: dict, name: str, body: bytes = b"", headers: dict | None = None, **kw) -> httpx.Response:
@@ -224,6 +224,20 @@ async def test_redeploy_is_picked_up_by_the_next_call(client: httpx.AsyncClient)
     await deploy(client, key, "f", wat("noop"))
     r = await invoke(client, key, "f", b"abc")
     assert r.status_code == 200 and r.content == b""
+
+
+async def test_every_call_runs_on_a_fresh_instance_with_or_without_a_start_function(client, platform) -> None:
+    """The worker builds the next call's instance ahead only for a module without a start
+    function (the compile records which); either way each call sees its data segments as set."""
+    _, key = await new_tenant(client)
+    unique = uuid.uuid4().hex  # modules no other test shares
+    for name, start, out in (("plain", False, b"1"), ("started", True, b"2")):
+        r = await deploy(client, key, name, counter_module(start_function=start, tag=unique))
+        assert r.status_code == 201, r.text
+        assert platform.compiler.cache.has_no_start_function(r.json()["sha256"]) is not start
+        for _ in range(4):
+            r = await invoke(client, key, name)
+            assert r.status_code == 200 and r.content == out, r.text
 
 
 async def test_an_unreadable_compiled_artifact_fails_one_call_and_is_rebuilt(client, platform) -> None:
