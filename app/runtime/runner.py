@@ -4,6 +4,15 @@ The hot path. Per call: one Store, its WASI context (app/runtime/wasi.py: stdin 
 bytes, no file), one instantiate, one `_start` call. stdout/stderr go through our own `fd_write`
 so the caps are enforced at the write that crosses them, and a flood traps at once instead of
 spinning.
+
+Every call still gets a fresh instance, but the worker builds the next one ahead of it
+(`prepare`, after the previous call's reply and memory scrub): a worker's next call is almost
+always of the same function, so the Store and the instantiation leave the caller's path, and
+the call itself only sets its WASI context and runs `_start`. An instance is built ahead only
+when instantiating runs no guest code, that is for a module without a start function (the
+artifact cache records which, app/runtime/artifacts.py); a start function runs at its call, under
+that call's WASI context and deadline, as before. (An epoch deadline already reached cannot stand
+in for that record: wasmtime checks the epoch while it writes a module's data segments too.)
 """
 
 from __future__ import annotations
@@ -90,6 +99,19 @@ class _Sink:
             else:
                 raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
 
+
+@dataclass
+class _Ready:
+    """A fresh instance built ahead of a call, for the function and memory limit in `key`."""
+
+    key: tuple[str, int]  # (sha256, wasm_memory_bytes)
+    store: wasmtime.Store
+    start: Any  # its raw `_start` handle (linking.export_func)
+
+
+_NOT_AHEAD_LIMIT = 1024  # (module, memory limit) pairs whose instance failed to build ahead
+
+_AHEAD_DEADLINE_TICKS = 1 << 20
 
 PARK_AFTER_S = 1.0  # a worker this long without a guest stops ticking until the next one
 
@@ -179,6 +201,7 @@ class GuestRunner:
         if host is not None:
             host.define(self.linker)
         self._pres: OrderedDict[str, wasmtime.InstancePre] = OrderedDict()
+        self._no_start: set[str] = set()  # loaded modules without a start function
         self._stdout = _Sink()
         self._stderr = _Sink()
         self.on_stdout: Callable[[bytes], None] | None = None  # where a streamed call's stdout goes
@@ -186,6 +209,8 @@ class GuestRunner:
         self._ticker.start()
         self._runs = 0
         self._wasi = WasiContexts()
+        self._ready: _Ready | None = None
+        self._not_ahead: set[tuple[str, int]] = set()
 
     # -- module cache -------------------------------------------------------------------------
     def _instance_pre(self, sha256: str) -> wasmtime.InstancePre:
@@ -195,12 +220,47 @@ class GuestRunner:
             return pre
         pre = self.linker.instantiate_pre(self.artifacts.load(self.engine, sha256))
         self._pres[sha256] = pre
+        if self.artifacts.has_no_start_function(sha256):
+            self._no_start.add(sha256)
         if len(self._pres) > 64:
-            self._pres.popitem(last=False)
+            self._no_start.discard(self._pres.popitem(last=False)[0])
         return pre
 
     def forget_modules(self) -> None:
         self._pres.clear()
+        self._no_start.clear()
+        self.discard_ready()
+
+    # -- the next call's instance, built ahead ----------------------------------------------------
+    def prepare(self, req: Run) -> None:
+        """Build a fresh instance for a next call like `req` now, off any caller's path (after
+        the reply and the memory scrub), if its module is loaded already and has no start
+        function. A failure (the module needs more memory than the limit) leaves it to the call,
+        which reports it; that pair is not tried ahead again."""
+        self.discard_ready()
+        key = (req.sha256, req.wasm_memory_bytes)
+        pre = self._pres.get(req.sha256)
+        if pre is None or req.sha256 not in self._no_start or key in self._not_ahead:
+            return
+        store = wasmtime.Store(self.engine)
+        try:
+            store.set_limits(memory_size=req.wasm_memory_bytes)
+            store.set_epoch_deadline(_AHEAD_DEADLINE_TICKS)  # no guest code runs: only a bound
+            instance = pre.instantiate(store)
+            start = export_func(store, instance, b"_start")
+        except (wasmtime.WasmtimeError, wasmtime.Trap):
+            store.close()
+            if len(self._not_ahead) >= _NOT_AHEAD_LIMIT:
+                self._not_ahead.clear()
+            self._not_ahead.add(key)
+            return
+        self._ready = _Ready(key, store, start)
+
+    def discard_ready(self) -> None:
+        """Drop the instance built ahead, giving its linear memory back to the worker's pool."""
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            ready.store.close()
 
     # -- WASI stdout/stderr -------------------------------------------------------------------
     def _fd_write_raw(self, _env: Any, caller: Any, v: Any, _n: int) -> int:
@@ -290,14 +350,23 @@ class GuestRunner:
         return result
 
     def _execute(self, pre: wasmtime.InstancePre, req: Run, stdin: bytes, result: RunResult) -> None:
-        store = wasmtime.Store(self.engine)
-        store.set_limits(memory_size=req.wasm_memory_bytes)
-        self._wasi.set(store, req.function, req.env, stdin)
+        ready, self._ready = self._ready, None
+        if ready is not None and ready.key != (req.sha256, req.wasm_memory_bytes):
+            ready.store.close()  # first: its memory goes back for this call's instance
+            ready = None
         self._ticker.ticks = ticks = max(1, -(-req.timeout_ms // self.tick_ms)) + 1
-        store.set_epoch_deadline(ticks)
+        if ready is not None:
+            store = ready.store
+        else:
+            store = wasmtime.Store(self.engine)
+            store.set_limits(memory_size=req.wasm_memory_bytes)
         try:
-            instance = pre.instantiate(store)
-            call_export(store, export_func(store, instance, b"_start"))
+            # WASI is read from the store at each WASI call; a start function runs under it at
+            # instantiation (a module with one never has an instance built ahead)
+            self._wasi.set(store, req.function, req.env, stdin)
+            store.set_epoch_deadline(ticks)
+            start = ready.start if ready is not None else export_func(store, pre.instantiate(store), b"_start")
+            call_export(store, start)
         except wasmtime.ExitTrap as exc:
             if exc.code != 0:
                 result.status, result.exit_code = "exit", exc.code
@@ -316,6 +385,8 @@ class GuestRunner:
                 result.status, result.error = "trap", _trap_message(exc)
         except wasmtime.WasmtimeError as exc:
             result.status, result.error = "error", _instantiate_error(str(exc), req)
+        finally:
+            store.close()  # now, not when collected: its memory is scrubbed after the reply
         if result.exit_code is None and result.status == "ok":
             result.exit_code = 0
 

@@ -210,8 +210,10 @@ class _Worker:
             ),
             bytes(res.stdout) + res.stderr,
         )
-        # after the reply, off the caller's path: scrub the guest's memory, publish counters
+        # after the reply, off the caller's path: scrub the guest's memory, build the next
+        # call's instance (app/runtime/runner.py), publish counters
         self.memory.scrub()
+        self.runner.prepare(msg)
         self.invocations += 1
         self.stats.set("invocations", self.invocations)
         self.stats.set("launches", self.host.launches_total)
