@@ -109,8 +109,7 @@ class _Ready:
     start: Any  # its raw `_start` handle (linking.export_func)
 
 
-_NOT_AHEAD_LIMIT = 1024  # (module, memory limit) pairs whose instance failed to build ahead
-
+# instantiating checks the epoch (while it writes data segments): a deadline it never reaches
 _AHEAD_DEADLINE_TICKS = 1 << 20
 
 PARK_AFTER_S = 1.0  # a worker this long without a guest stops ticking until the next one
@@ -200,8 +199,8 @@ class GuestRunner:
         define_raw(self.linker, WASI, "fd_write", ("i32",) * 4, ("i32",), self._fd_write_raw, self._keepalive)
         if host is not None:
             host.define(self.linker)
-        self._pres: OrderedDict[str, wasmtime.InstancePre] = OrderedDict()
-        self._no_start: set[str] = set()  # loaded modules without a start function
+        # loaded modules: sha256 -> (InstancePre, has no start function: may be built ahead)
+        self._pres: OrderedDict[str, tuple[wasmtime.InstancePre, bool]] = OrderedDict()
         self._stdout = _Sink()
         self._stderr = _Sink()
         self.on_stdout: Callable[[bytes], None] | None = None  # where a streamed call's stdout goes
@@ -210,25 +209,21 @@ class GuestRunner:
         self._runs = 0
         self._wasi = WasiContexts()
         self._ready: _Ready | None = None
-        self._not_ahead: set[tuple[str, int]] = set()
 
     # -- module cache -------------------------------------------------------------------------
     def _instance_pre(self, sha256: str) -> wasmtime.InstancePre:
-        pre = self._pres.get(sha256)
-        if pre is not None:
+        loaded = self._pres.get(sha256)
+        if loaded is not None:
             self._pres.move_to_end(sha256)
-            return pre
+            return loaded[0]
         pre = self.linker.instantiate_pre(self.artifacts.load(self.engine, sha256))
-        self._pres[sha256] = pre
-        if self.artifacts.has_no_start_function(sha256):
-            self._no_start.add(sha256)
+        self._pres[sha256] = (pre, self.artifacts.has_no_start_function(sha256))
         if len(self._pres) > 64:
-            self._no_start.discard(self._pres.popitem(last=False)[0])
+            self._pres.popitem(last=False)
         return pre
 
     def forget_modules(self) -> None:
         self._pres.clear()
-        self._no_start.clear()
         self.discard_ready()
 
     # -- the next call's instance, built ahead ----------------------------------------------------
@@ -236,25 +231,22 @@ class GuestRunner:
         """Build a fresh instance for a next call like `req` now, off any caller's path (after
         the reply and the memory scrub), if its module is loaded already and has no start
         function. A failure (the module needs more memory than the limit) leaves it to the call,
-        which reports it; that pair is not tried ahead again."""
+        which reports it."""
         self.discard_ready()
-        key = (req.sha256, req.wasm_memory_bytes)
-        pre = self._pres.get(req.sha256)
-        if pre is None or req.sha256 not in self._no_start or key in self._not_ahead:
+        loaded = self._pres.get(req.sha256)
+        if loaded is None or not loaded[1]:
             return
+        pre = loaded[0]
         store = wasmtime.Store(self.engine)
         try:
             store.set_limits(memory_size=req.wasm_memory_bytes)
-            store.set_epoch_deadline(_AHEAD_DEADLINE_TICKS)  # no guest code runs: only a bound
+            store.set_epoch_deadline(_AHEAD_DEADLINE_TICKS)
             instance = pre.instantiate(store)
             start = export_func(store, instance, b"_start")
         except (wasmtime.WasmtimeError, wasmtime.Trap):
             store.close()
-            if len(self._not_ahead) >= _NOT_AHEAD_LIMIT:
-                self._not_ahead.clear()
-            self._not_ahead.add(key)
             return
-        self._ready = _Ready(key, store, start)
+        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, start)
 
     def discard_ready(self) -> None:
         """Drop the instance built ahead, giving its linear memory back to the worker's pool."""
