@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.bench.invoke import ECHO_WAT
+from app.contract.messages import Run, RunStatus
 
 BODY = b"hello"
 FIGURES = ("bare", "run", "end_of_call", "after", "vma")
@@ -50,13 +51,6 @@ def measure(backend_kind: str, calls: int) -> dict[str, float]:
 
 def _measure(backend_kind: str, calls: int, work: Path) -> dict[str, float]:
     import wasmtime
-
-    from app.contract.messages import Run
-    from app.gpu.abi import AbiHost
-    from app.runtime.artifacts import ArtifactCache
-    from app.runtime.engine import make_engine
-    from app.runtime.memory import GuestMemory
-    from app.runtime.runner import GuestRunner
 
     if backend_kind == "cuda":
         from app.gpu.cuda import CudaBackend
@@ -85,28 +79,15 @@ def _measure(backend_kind: str, calls: int, work: Path) -> dict[str, float]:
         assert isinstance(start, wasmtime.Func)
         start(store)
 
-    memory = GuestMemory(64 << 20)
-    attach = getattr(backend, "attach_guest_memory", None)
-    if attach is not None:
-        attach(memory)
-    host = AbiHost(backend, 1024, 64, memory)  # type: ignore[arg-type]
-    engine = make_engine(memory)
-    artifacts = ArtifactCache(work)
-    sha = "0" * 64
-    artifacts.store(sha, wasmtime.Module(engine, ECHO_WAT), start_function=False)
-    runner = GuestRunner(engine, artifacts, host, tick_ms=5)
-    runner.warm_up()
-    memory.scrub()
-    req = Run("bench", "echo", sha, {"GREETING": "hi"}, 10_000, 64 << 20, 1 << 20, 1 << 20)
+    guest = EchoGuest(backend, work)
 
     def call() -> tuple[float, float]:
         t0 = time.perf_counter()
-        res = runner.run(req, BODY)
+        out = guest.run(BODY)
         t1 = time.perf_counter()
-        memory.scrub()
-        runner.prepare(req)  # as the worker does after each reply
-        if res.status != "ok" or bytes(res.stdout) != BODY:
-            raise RuntimeError(f"the echo guest failed: {res.status} {res.error}")
+        guest.after()
+        if out != BODY:
+            raise RuntimeError(f"the echo guest answered {out!r}")
         return t1 - t0, time.perf_counter() - t1
 
     for _ in range(max(1, calls // 10)):
@@ -119,6 +100,47 @@ def _measure(backend_kind: str, calls: int, work: Path) -> dict[str, float]:
         "after": sum(s for _, s in timed) / calls * 1e6,
         "vma": _vma_us(calls),
     }
+
+
+class EchoGuest:
+    """The echo guest as a worker runs it: the project's runner, host ABI and guest memory over
+    `backend`, the instance built ahead after each reply. Also the far end of the one-hop floor
+    that runs the guest (`app.bench.relay_app --guest`)."""
+
+    def __init__(self, backend: object, work: Path) -> None:
+        import wasmtime
+
+        from app.gpu.abi import AbiHost
+        from app.runtime.artifacts import ArtifactCache
+        from app.runtime.engine import make_engine
+        from app.runtime.memory import GuestMemory
+        from app.runtime.runner import GuestRunner
+
+        self.memory = GuestMemory(64 << 20)  # held as long as the engine: it holds its callbacks
+        attach = getattr(backend, "attach_guest_memory", None)
+        if attach is not None:
+            attach(self.memory)
+        host = AbiHost(backend, 1024, 64, self.memory)  # type: ignore[arg-type]
+        self.engine = make_engine(self.memory)
+        artifacts = ArtifactCache(work)
+        sha = "0" * 64
+        artifacts.store(sha, wasmtime.Module(self.engine, ECHO_WAT), start_function=False)
+        self.runner = GuestRunner(self.engine, artifacts, host, tick_ms=5)
+        self.runner.warm_up()
+        self.memory.scrub()
+        self.req = Run("bench", "echo", sha, {"GREETING": "hi"}, 10_000, 64 << 20, 1 << 20, 1 << 20)
+
+    def run(self, body: bytes) -> bytes:
+        """One call: the guest's stdout."""
+        res = self.runner.run(self.req, body)
+        if res.status != RunStatus.OK:
+            raise RuntimeError(f"the echo guest failed: {res.status} {res.error}")
+        return bytes(res.stdout)
+
+    def after(self) -> None:
+        """What a worker does after each reply: the memory made clean, the next instance built."""
+        self.memory.scrub()
+        self.runner.prepare(self.req)
 
 
 def _vma_us(calls: int) -> float:

@@ -83,6 +83,10 @@ def bench_invoke(args: argparse.Namespace) -> int:
         _post(url, 8, 1)
         res["relay_c1"] = _post(url, 1, secs)
         res["relay_c32"] = _post(url, 32, secs)
+    with bare_relay(procs, far=args.workers, guest=True) as url:  # ... that also runs the guest, as the node's workers
+        _post(url, 8, 1)
+        res["floor_c1"] = _post(url, 1, secs)
+        res["floor_c32"] = _post(url, 32, secs)
 
     print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
     wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
@@ -155,6 +159,11 @@ def _report(
     _line("bare echo + one process hop c=1 p50 / p99 (ms)", f"{relay.p50_ms:.3f} / {relay.p99_ms:.3f}")
     _line("c=1 p50: one hop / bare (the floor of the node's shape)", f"{relay.p50_ms / r['bareN_c1'].p50_ms:.2f}x")
     _line("c=1 p50: node / one hop", f"{r['node_c1'].p50_ms / relay.p50_ms:.2f}x")
+    floor = r["floor_c1"]
+    _line("bare echo + one hop + the guest's run c=1 p50 / p99 (ms)", f"{floor.p50_ms:.3f} / {floor.p99_ms:.3f}")
+    floor1 = floor.p50_ms / r["bareN_c1"].p50_ms
+    _line("c=1 p50: one hop + guest / bare (the floor with the guest)", f"{floor1:.2f}x", "<= 2.0x", floor1 <= 2.0)
+    _line("c=1 p50: node / one hop + guest", f"{r['node_c1'].p50_ms / floor.p50_ms:.2f}x")
     for c in (32, 256):
         node, bare = r[f"node_c{c}"], r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
         _line(f"c={c}: node req/s (200s) | bare {procs}-process req/s", f"{node.goodput:.0f} | {bare.rps:.0f}")
@@ -169,6 +178,10 @@ def _report(
         )
     _line(f"c=32: bare + one hop, {procs} processes, req/s", f"{r['relay_c32'].rps:.0f}")
     _line("c=32: node / bare + one hop", f"{r['node_c32'].goodput / r['relay_c32'].rps:.2f}x")
+    floor32 = r["floor_c32"].rps / r["bareN_c32"].rps
+    _line(f"c=32: bare + one hop + guest, {procs} processes, req/s", f"{r['floor_c32'].rps:.0f}")
+    _line(f"c=32: one hop + guest / bare with {procs} processes", f"{floor32:.2f}x", ">= 0.35x", floor32 >= 0.35)
+    _line("c=32: node / bare + one hop + guest", f"{r['node_c32'].goodput / r['floor_c32'].rps:.2f}x")
     one = r["bare1_c32"].rps
     _line("c=32: bare 1-process req/s", f"{one:.0f}")
     _line("c=32: node / bare with 1 process", f"{r['node_c32'].goodput / one:.2f}x", ">= 1.0x", r["node_c32"].goodput / one >= 1.0)

@@ -99,21 +99,23 @@ def bare_echo(processes: int, app: str = "app.bench.echo_app:app", env: dict[str
 
 
 @contextmanager
-def bare_relay(processes: int) -> Iterator[str]:
-    """The baseline with one process hop (`app.bench.relay_app`): its echo process, then the app."""
+def bare_relay(processes: int, far: int = 1, guest: bool = False) -> Iterator[str]:
+    """The baseline with one process hop (`app.bench.relay_app`): `far` far processes (echo, or
+    with `guest` the echo guest run as a worker runs it), then the app with `processes`."""
     with tempfile.TemporaryDirectory(prefix="tw-relay-") as run:
-        path = str(Path(run) / "echo.sock")
-        echo = subprocess.Popen([sys.executable, "-m", "app.bench.relay_app", path])
+        paths = [str(Path(run) / f"far{i}.sock") for i in range(far)]
+        procs = [subprocess.Popen([sys.executable, "-m", "app.bench.relay_app", path, *(["--guest"] if guest else [])]) for path in paths]
         try:
-            deadline = time.monotonic() + 30
-            while not os.path.exists(path):
-                if echo.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the relay's echo process did not start")
+            deadline = time.monotonic() + 60
+            while not all(os.path.exists(path) for path in paths):
+                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                    raise RuntimeError("the relay's far processes did not start")
                 time.sleep(0.05)
-            with bare_echo(processes, "app.bench.relay_app:app", {"TENSORWASM_BENCH_RELAY": path}) as url:
+            with bare_echo(processes, "app.bench.relay_app:app", {"TENSORWASM_BENCH_RELAY": ",".join(paths)}) as url:
                 yield url
         finally:
-            _stop(echo)
+            for p in procs:
+                _stop(p)
 
 
 def setup_tenant(client: httpx.Client, name: str, functions: dict[str, bytes], *, admin_token: str = ADMIN, **quota: Any) -> dict[str, str]:

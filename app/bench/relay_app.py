@@ -6,31 +6,45 @@ only that and nothing of the project: the `/echo` route sends the body over a un
 costs above `app.bench.echo_app` is the price of one process hop, paid by any design that keeps
 tenant code out of the HTTP process; what the node costs above it is the node's own.
 
-    python -m app.bench.relay_app PATH          # the echo process, serving the unix socket PATH
-    TENSORWASM_BENCH_RELAY=PATH uvicorn app.bench.relay_app:app --workers N
+With `--guest` the far process runs the echo guest on each body as a worker does (the project's
+runner on the CPU backend, its instance built ahead after each reply) and answers with its
+stdout: the floor of a node that runs the guest, with none of the node's own work (no auth, no
+lease, no limits, no record, no metrics). Several far processes, like a node's workers, are named
+with commas; the app sends each call to the next one in turn.
+
+    python -m app.bench.relay_app PATH [--guest]    # a far process, serving the unix socket PATH
+    TENSORWASM_BENCH_RELAY=PATH[,PATH...] uvicorn app.bench.relay_app:app --workers N
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import itertools
 import os
 import struct
-import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
 
 LEN = struct.Struct("!I")
 app = FastAPI()
-_idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+_idle: dict[str, list[_Conn]] = {}
+_next_path = itertools.cycle(os.environ.get("TENSORWASM_BENCH_RELAY", "").split(","))
 
 
 async def _exchange(body: bytes) -> bytes:
-    conn = _idle.pop() if _idle else await asyncio.open_unix_connection(os.environ["TENSORWASM_BENCH_RELAY"])
+    path = next(_next_path)
+    idle = _idle.setdefault(path, [])
+    conn = idle.pop() if idle else await asyncio.open_unix_connection(path)
     reader, writer = conn
     writer.write(LEN.pack(len(body)) + body)
     (n,) = LEN.unpack(await reader.readexactly(LEN.size))
     reply = await reader.readexactly(n)
-    _idle.append(conn)  # a connection that failed mid-call is dropped with its exception
+    idle.append(conn)  # a connection that failed mid-call is dropped with its exception
     return reply
 
 
@@ -39,17 +53,31 @@ async def echo(request: Request) -> Response:
     return Response(await _exchange(await request.body()), media_type="application/octet-stream")
 
 
-async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            head = await reader.readexactly(LEN.size)
-            writer.write(head + await reader.readexactly(LEN.unpack(head)[0]))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
+def _serving(answer: Callable[[bytes], bytes], after: Callable[[], None]) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (n,) = LEN.unpack(await reader.readexactly(LEN.size))
+                out = answer(await reader.readexactly(n))
+                writer.write(LEN.pack(len(out)) + out)
+                after()  # after the reply, off the caller's path, as a worker does
+        except (asyncio.IncompleteReadError, ConnectionError, RuntimeError):  # RuntimeError: a failed guest
+            writer.close()
+
+    return serve_one
 
 
-async def _serve(path: str) -> None:
-    server = await asyncio.start_unix_server(_serve_one, path)
+async def _serve(path: str, guest: bool) -> None:
+    if guest:
+        from app.bench.guest_call import EchoGuest
+        from app.gpu.cpu import CpuBackend
+
+        work = tempfile.TemporaryDirectory(prefix="tw-relay-guest-")
+        echo = EchoGuest(CpuBackend(), Path(work.name))
+        handler = _serving(echo.run, echo.after)
+    else:
+        handler = _serving(bytes, lambda: None)
+    server = await asyncio.start_unix_server(handler, path)
     async with server:
         await server.serve_forever()
 
@@ -57,7 +85,11 @@ async def _serve(path: str) -> None:
 def main() -> None:
     import uvloop  # what uvicorn runs the HTTP side on, so both ends pay the same loop
 
-    uvloop.run(_serve(sys.argv[1]))
+    parser = argparse.ArgumentParser(prog="python -m app.bench.relay_app")
+    parser.add_argument("path", help="the unix socket to serve")
+    parser.add_argument("--guest", action="store_true", help="run the echo guest on each body, as a worker does")
+    args = parser.parse_args()
+    uvloop.run(_serve(args.path, args.guest))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ def _result(p99_ms: float, ok: int = 1000, other: int = 0) -> WrkResult:
 
 
 def _results(beside_p99s: list[float]) -> dict[str, WrkResult]:
-    r = {k: _result(1.0) for k in ("bare1_c32", "bareN_c1", "bareN_c32", "bareN_c256", "relay_c1", "relay_c32", "node_c1", "node_c32", "node_c256")}
+    runs = ("bare1_c32", "bareN_c1", "bareN_c32", "bareN_c256", "relay_c1", "relay_c32", "floor_c1", "floor_c32", "node_c1", "node_c32", "node_c256")
+    r = {k: _result(1.0) for k in runs}
     r["quiet_alone"], r["flood_at_quota"] = _result(2.0), _result(1.0)
     for i, p99 in enumerate(beside_p99s):
         tag = f"_{i}" if i else ""

@@ -79,3 +79,16 @@ def test_a_timed_run_reports_the_calls_made_where_wrk_corrects_for_the_ones_not_
     # wrk adds a made-up sample per mean interval of that reply: its p99 is near the stall
     assert r.p99_ms >= 100
     assert r.timed_p99_ms is not None and r.timed_p99_ms < 20 and r.call_p99_ms == r.timed_p99_ms
+
+
+def test_the_guest_floor_runs_the_echo_guest_in_its_far_processes() -> None:
+    with bare_relay(2, far=2, guest=True) as url:
+        body = bytes(range(256)) * 300
+        # calls in a row go to the far processes in turn, each running its own guest
+        assert [httpx.post(url, content=body, timeout=10).content for _ in range(4)] == [body] * 4
+        assert httpx.post(url, content=b"", timeout=10).content == b""
+        # the guest, not a plain echo, answers: its stdout is capped at 1 MiB, as a worker's run caps it
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(url, content=b"x" * (2 << 20), timeout=10).raise_for_status()
+        ok = run_wrk(url, connections=4, seconds=1, method="POST", body="hi")
+    assert ok.requests > 0 and ok.ok == ok.requests and ok.socket_errors == 0
