@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import wasmtime
 
-from app.contract.messages import Run
+from app.contract.messages import Run, RunStatus
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.linking import call_export, define_raw, export_func, guest_memory, trap_with
 from app.runtime.spans import SpanRecorder
@@ -58,7 +58,7 @@ class HostAbi(Protocol):
 
 @dataclass
 class RunResult:
-    status: str  # ok | exit | trap | timeout | output_limit | error | device_error | artifact_error
+    status: RunStatus
     exit_code: int | None = None
     error: str | None = None
     stdout: bytearray = field(default_factory=bytearray)
@@ -287,7 +287,7 @@ class GuestRunner:
         memory creator's first-use costs (~0.6 ms, measured on the 2-core VM)."""
         pre = self.linker.instantiate_pre(wasmtime.Module(self.engine, _WARM_UP_WAT))
         req = Run("warm-up", "warm-up", "", {}, 1000, 1 << 20, 0, 0)
-        result = RunResult(status="ok")
+        result = RunResult(status=RunStatus.OK)
         self._stdout.reset(0, tail_only=False)
         self._stderr.reset(0, tail_only=True)
         self._ticker.begin(None)
@@ -295,7 +295,7 @@ class GuestRunner:
             self._execute(pre, req, b"", result)
         finally:
             self._ticker.end()
-        if result.status != "ok":
+        if result.status != RunStatus.OK:
             raise RuntimeError(f"the worker's warm-up guest failed: {result.error}")
 
     # -- one invocation -----------------------------------------------------------------------
@@ -313,7 +313,7 @@ class GuestRunner:
     def _run(self, req: Run, stdin: bytes, started: float) -> RunResult:
         self._stdout.reset(req.stdout_limit, tail_only=False, emit=self.on_stdout if req.stream else None)
         self._stderr.reset(req.stderr_limit, tail_only=True)
-        result = RunResult(status="ok")
+        result = RunResult(status=RunStatus.OK)
         spans = SpanRecorder({"tensorwasm.function": req.function, "tensorwasm.invocation_id": req.invocation_id}) if req.traceparent else None
         if self.host is not None:
             self.host.begin(req.invocation_id, req.kernels)
@@ -322,15 +322,15 @@ class GuestRunner:
             try:
                 pre = self._instance_pre(req.sha256)
             except (wasmtime.WasmtimeError, OSError) as exc:  # a corrupt or missing artifact fails the call, not the worker
-                result.status = "artifact_error"
+                result.status = RunStatus.ARTIFACT_ERROR
                 result.error = f"the function's compiled code could not be loaded: {_first_line(str(exc))}"
             else:
                 self._execute(pre, req, stdin, result)
         finally:
             if self.host is not None:
                 result.host = self.host.end()
-        if result.host.get("device_error") and result.status in ("ok", "exit", "trap"):
-            result.status = "device_error"
+        if result.host.get("device_error") and result.status in (RunStatus.OK, RunStatus.EXIT, RunStatus.TRAP):
+            result.status = RunStatus.DEVICE_ERROR
             result.error = result.host.get("device_error_message") or "the GPU failed while running this invocation"
         result.stdout = self._stdout.buf
         result.stderr = bytes(self._stderr.buf)
@@ -361,25 +361,25 @@ class GuestRunner:
             call_export(store, start)
         except wasmtime.ExitTrap as exc:
             if exc.code != 0:
-                result.status, result.exit_code = "exit", exc.code
+                result.status, result.exit_code = RunStatus.EXIT, exc.code
                 result.error = f"guest exited with code {exc.code}"
             else:
                 result.exit_code = 0
         except OutputLimitExceeded as exc:
-            result.status, result.error = "output_limit", str(exc)
+            result.status, result.error = RunStatus.OUTPUT_LIMIT, str(exc)
         except wasmtime.Trap as exc:
             if exc.trap_code == wasmtime.TrapCode.INTERRUPT and self._ticker.stopped == self._runs:
-                result.status, result.error = "cancelled", "the caller went away; the guest was stopped"
+                result.status, result.error = RunStatus.CANCELLED, "the caller went away; the guest was stopped"
             elif exc.trap_code == wasmtime.TrapCode.INTERRUPT:
-                result.status = "timeout"
+                result.status = RunStatus.TIMEOUT
                 result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
             else:
-                result.status, result.error = "trap", _trap_message(exc)
+                result.status, result.error = RunStatus.TRAP, _trap_message(exc)
         except wasmtime.WasmtimeError as exc:
-            result.status, result.error = "error", _instantiate_error(str(exc), req)
+            result.status, result.error = RunStatus.ERROR, _instantiate_error(str(exc), req)
         finally:
             store.close()  # now, not when collected: its memory is scrubbed after the reply
-        if result.exit_code is None and result.status == "ok":
+        if result.exit_code is None and result.status == RunStatus.OK:
             result.exit_code = 0
 
 

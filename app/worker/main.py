@@ -40,7 +40,6 @@ from app.contract.messages import (
     Refused,
     Result,
     Run,
-    RunStatus,
     StartRefusal,
     WorkerMessage,
     lease_mac,
@@ -200,7 +199,7 @@ class _Worker:
         write_frame(
             out,
             Result(
-                status=RunStatus(res.status),
+                status=res.status,
                 stdout_len=len(res.stdout),
                 exit_code=res.exit_code,
                 error=res.error,
