@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -96,6 +97,22 @@ async def deploy(client: httpx.AsyncClient, headers: dict[str, str], name: str, 
     return await client.put(
         f"/v1/functions/{name}", content=wasm, params=params, headers={**headers, "Content-Type": "application/wasm"}
     )
+
+
+async def submit(client: httpx.AsyncClient, key: dict[str, str], name: str, body: bytes = b"", headers: dict[str, str] | None = None) -> httpx.Response:
+    """Submit an async invocation of `name` (POST .../invocations)."""
+    return await client.post(f"/v1/functions/{name}/invocations", content=body, headers={**key, **(headers or {})})
+
+
+async def wait_status(client: httpx.AsyncClient, key: dict[str, str], inv: str, *statuses: str, timeout_s: float = 30) -> dict[str, Any]:
+    """Poll an invocation's record until its status is one of `statuses`; returns the record."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        rec: dict[str, Any] = (await client.get(f"/v1/invocations/{inv}", headers=key)).json()
+        if rec["status"] in statuses:
+            return rec
+        assert asyncio.get_running_loop().time() < deadline, f"still {rec['status']}"
+        await asyncio.sleep(0.05)
 
 
 def wat(name: str) -> bytes:

@@ -1,8 +1,14 @@
-"""The error envelope of DESIGN.md: every failure is {"error": {"code", "message"}}."""
+"""The error envelope of DESIGN.md: every failure is {"error": {"code", "message"}}.
+
+The one place where errors become HTTP: the domain errors of services and the queue
+(app/errors.py) map to statuses through `DOMAIN_STATUS`; `ApiError` is for the refusals the API
+layer makes itself (bodies, credentials, parameters only a router sees).
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,11 +20,14 @@ from starlette.requests import ClientDisconnect
 from app.api.schemas import ErrorEnvelope
 from app.contract.errors import NoCapacity, Rejected, SupervisorGone
 from app.db.errors import unavailable
+from app.errors import Conflict, DomainError, Forbidden, Gone, Invalid, LimitReached, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
+    """A refusal of the API layer itself, with its status; services raise app.errors' kinds."""
+
     def __init__(
         self, status: int, code: str, message: str, headers: dict[str, str] | None = None
     ) -> None:
@@ -31,6 +40,27 @@ class ApiError(Exception):
 
 def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
+
+
+# Each kind of domain error and its status; a subclass of a kind answers the kind's status.
+DOMAIN_STATUS: Mapping[type[DomainError], int] = {
+    NotFound: 404,
+    Conflict: 409,
+    Forbidden: 403,
+    Invalid: 422,
+    LimitReached: 429,
+    Gone: 410,
+    Unavailable: 503,
+}
+
+
+def domain_status(exc: DomainError) -> int | None:
+    """The status of `exc`'s kind (its closest class in `DOMAIN_STATUS`); None for none."""
+    for cls in type(exc).__mro__:
+        status = DOMAIN_STATUS.get(cls)
+        if status is not None:
+            return status
+    return None
 
 
 def envelope(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -92,6 +122,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return envelope(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_: Request, exc: DomainError) -> JSONResponse:
+        status = domain_status(exc)
+        if status is None:  # a DomainError of no kind: a bug where it was raised
+            log.error("domain error of no kind (%s): %s", type(exc).__name__, exc.message)
+            return envelope(500, "internal", "internal error; the request was not completed")
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return envelope(status, exc.code, exc.message, headers)
 
     @app.exception_handler(Rejected)
     async def _rejected(_: Request, exc: Rejected) -> JSONResponse:

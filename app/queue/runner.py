@@ -23,11 +23,11 @@ from typing import Any, Protocol
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.api.errors import ApiError
 from app.contract.errors import NoCapacity, Rejected
 from app.db.models import Invocation
 from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.tenants import TenantRepository
+from app.errors import NotFound
 from app.queue.states import InvocationStatus
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
@@ -218,7 +218,8 @@ class QueueRunner:
                 raise  # the node stops: stop() ends it interrupted
             values = dict(status=InvocationStatus.CANCELLED.value, error="cancelled while running", output=b"",
                           duration_ms=(time.perf_counter() - t0) * 1000)
-        except ApiError as exc:  # the function was deleted after the submit
+        except NotFound as exc:  # the function was deleted after the submit; any other domain error (its
+            # module cannot be compiled on this node, the compiler is unavailable) is an internal error below
             values = dict(status=InvocationStatus.NOT_FOUND.value, error=exc.message, output=b"")
         except Exception as exc:
             log.exception("async invocation %s failed", inv.id)

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.api.errors import ApiError, not_found
 from app.db.models import Invocation
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
+from app.errors import Conflict, Gone, LimitReached, NotFound
 from app.queue.states import InvocationMode, InvocationStatus
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
@@ -57,14 +57,13 @@ class AsyncInvocations:
                     await repo.forget_idempotency_key(earlier.id)
             fn = await FunctionRepository(session, tenant.id).get(name)
             if fn is None:
-                raise not_found(f"function {name!r}")
+                raise NotFound.of(f"function {name!r}")
             queued = await repo.count_async(InvocationStatus.QUEUED)
             if queued >= tenant.quota.max_queued:
-                raise ApiError(
-                    429, "queue_full",
+                raise LimitReached(
                     f"the tenant has {queued} async invocations waiting to start (its max_queued quota is "
                     f"{tenant.quota.max_queued}); retry once some have started",
-                    {"Retry-After": "1"},
+                    code="queue_full", retry_after=1,
                 )
             inv = Invocation(
                 id=uuid.uuid4().hex, tenant_id=tenant.id, function=name, version=fn.current_version,
@@ -86,21 +85,18 @@ class AsyncInvocations:
         async with self.sessionmaker() as session:
             inv = await InvocationRepository(session, tenant.id).get(invocation_id)
         if inv is None:
-            raise not_found("invocation")
+            raise NotFound.of("invocation")
         return inv
 
     async def output(self, tenant: TenantPrincipal, invocation_id: str) -> Invocation:
         inv = await self.get(tenant, invocation_id)
         if inv.mode != InvocationMode.ASYNC.value:
-            raise ApiError(404, "not_found", "this invocation was not async: only async invocations store their output")
+            raise NotFound("this invocation was not async: only async invocations store their output")
         if not InvocationStatus(inv.status).ended:
-            raise ApiError(409, "not_finished", f"the invocation is {inv.status}; its output is ready once it ended")
+            raise Conflict(f"the invocation is {inv.status}; its output is ready once it ended", code="not_finished")
         expires = _aware(inv.ended_at or inv.created_at) + timedelta(seconds=self.settings.output_retention_s)
         if inv.output is None or expires <= self.clock():
-            raise ApiError(
-                410, "expired",
-                f"the output was deleted after the retention of {self.settings.output_retention_s:g} s; the record remains",
-            )
+            raise Gone(f"the output was deleted after the retention of {self.settings.output_retention_s:g} s; the record remains")
         return inv
 
     async def cancel(self, tenant: TenantPrincipal, invocation_id: str, stop_local: StopLocal) -> Invocation:
@@ -110,9 +106,9 @@ class AsyncInvocations:
             repo = InvocationRepository(session, tenant.id)
             inv = await repo.get(invocation_id)
             if inv is None:
-                raise not_found("invocation")
+                raise NotFound.of("invocation")
             if InvocationStatus(inv.status).ended:
-                raise ApiError(409, "already_finished", f"the invocation already ended ({inv.status})")
+                raise Conflict(f"the invocation already ended ({inv.status})", code="already_finished")
             async with self.write_lock:
                 cancelled = await repo.cancel_queued(invocation_id, self.clock())
             if cancelled:

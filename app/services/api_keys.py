@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.api.errors import ApiError, not_found
 from app.db.models import ApiKey, Tenant, utcnow
 from app.db.repositories.api_keys import ApiKeyRepository
+from app.errors import Conflict, Forbidden, NotFound
 from app.services.principal import TenantPrincipal
 
 KEY_PREFIX = "tw_"
@@ -32,8 +32,8 @@ def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def tenant_disabled() -> ApiError:
-    return ApiError(403, "tenant_disabled", "this tenant is disabled; ask the operator to enable it")
+def tenant_disabled() -> Forbidden:
+    return Forbidden("this tenant is disabled; ask the operator to enable it", code="tenant_disabled")
 
 
 class ApiKeyService:
@@ -44,11 +44,9 @@ class ApiKeyService:
     async def create(self, tenant_id: str) -> tuple[ApiKey, str]:
         tenant = await self.session.get(Tenant, tenant_id)
         if tenant is None:
-            raise not_found("tenant")
+            raise NotFound.of("tenant")
         if tenant.disabled:
-            raise ApiError(
-                409, "tenant_disabled", f"tenant {tenant.name!r} is disabled; enable it before creating keys for it"
-            )
+            raise Conflict(f"tenant {tenant.name!r} is disabled; enable it before creating keys for it", code="tenant_disabled")
         key = generate_key()
         row = await self.repo.add(ApiKey(tenant_id=tenant_id, prefix=key[:PREFIX_LEN], key_hash=hash_key(key)))
         return row, key
@@ -59,7 +57,7 @@ class ApiKeyService:
     async def revoke(self, tenant_id: str, key_id: str) -> None:
         row = await self.repo.get_for_tenant(tenant_id, key_id)
         if row is None:
-            raise not_found("api key")
+            raise NotFound.of("api key")
         if row.revoked_at is None:
             row.revoked_at = utcnow()
             await self.session.flush()

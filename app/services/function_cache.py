@@ -9,10 +9,10 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.api.errors import ApiError, not_found
 from app.db.models import Function
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.kernels import KernelRepository
+from app.errors import DomainError, NotFound
 from app.runtime.compiler import ModuleCompiler
 from app.scheduler.leases import KernelSet
 from app.services.functions import compile_errors
@@ -82,7 +82,7 @@ class FunctionCache:
         until = self._missing.get(key)
         if until is not None:
             if until > now:
-                raise not_found(f"function {key[1]!r}")
+                raise NotFound.of(f"function {key[1]!r}")
             del self._missing[key]
 
     def _note_missing(self, key: tuple[str, str]) -> None:
@@ -104,7 +104,7 @@ class FunctionCache:
         if meta is None:
             if self._gen.get(key, 0) == gen:
                 self._note_missing(key)
-            raise not_found(f"function {name!r}")
+            raise NotFound.of(f"function {name!r}")
         if self._gen.get(key, 0) == gen:
             self._fns[key] = meta
         return meta
@@ -161,7 +161,7 @@ class FunctionCache:
                 gen = self._gen.get(key, 0)
                 try:
                     meta = await self._load_function(session, *key)
-                except ApiError:  # its module cannot be compiled here now; its calls say so
+                except DomainError:  # its module cannot be compiled here now; its calls say so
                     meta = None
                 if self._gen.get(key, 0) != gen:
                     continue  # changed on this node while we read: the local entry is newer

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.api.errors import ApiError, not_found
 from app.db.models import Function, FunctionVersion, utcnow
 from app.db.repositories.functions import FunctionRepository
+from app.errors import Forbidden, Invalid, NotFound, Unavailable
 from app.runtime.compiler import CompilerUnavailable, ModuleCompiler, ModuleTooComplex
 from app.runtime.validation import InvalidModule
 from app.services.principal import TenantPrincipal
@@ -23,11 +23,11 @@ def compile_errors() -> Iterator[None]:
     try:
         yield
     except InvalidModule as exc:
-        raise ApiError(422, "invalid_module", str(exc)) from None
+        raise Invalid(str(exc), code="invalid_module") from None
     except ModuleTooComplex as exc:
-        raise ApiError(422, "module_too_complex", f"{exc}; simplify the module (fewer locals or smaller functions)") from None
+        raise Invalid(f"{exc}; simplify the module (fewer locals or smaller functions)", code="module_too_complex") from None
     except CompilerUnavailable as exc:
-        raise ApiError(503, "unavailable", f"{exc}; retry later", {"Retry-After": "5"}) from None
+        raise Unavailable(f"{exc}; retry later", retry_after=5) from None
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,12 @@ class FunctionService:
     async def get(self, name: str) -> Function:
         fn = await self.repo.get(name)
         if fn is None:
-            raise not_found(f"function {name!r}")
+            raise NotFound.of(f"function {name!r}")
         return fn
 
     def _check_settings(self, settings: FunctionSettings) -> None:
         if settings.timeout_ms is not None and not 1 <= settings.timeout_ms <= self.tenant.quota.timeout_ms:
-            raise ApiError(
-                422,
-                "validation_error",
-                f"timeout_ms must be between 1 and the tenant quota ({self.tenant.quota.timeout_ms} ms)",
-            )
+            raise Invalid(f"timeout_ms must be between 1 and the tenant quota ({self.tenant.quota.timeout_ms} ms)")
 
     async def deploy(
         self, name: str, wasm: bytes, settings: FunctionSettings, compiler: ModuleCompiler
@@ -72,10 +68,8 @@ class FunctionService:
         self._check_settings(settings)
         fn = await self.repo.get(name)
         if fn is None and await self.repo.count() >= self.tenant.quota.max_functions:
-            raise ApiError(
-                403,
-                "quota_exceeded",
-                f"the tenant may deploy at most {self.tenant.quota.max_functions} functions; delete one first",
+            raise Forbidden(
+                f"the tenant may deploy at most {self.tenant.quota.max_functions} functions; delete one first", code="quota_exceeded"
             )
         sha = hashlib.sha256(wasm).hexdigest()
         current = await self.repo.version_meta(fn, fn.current_version) if fn is not None else None

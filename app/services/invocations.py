@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from app.api.errors import ApiError
 from app.contract.errors import HardTimeout, WorkerCrashed
 from app.contract.messages import HostCounts, Outcome, Result, Run, RunStatus
+from app.errors import NotFound
 from app.node.port import NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
@@ -115,9 +115,8 @@ class Executor:
     async def lookup(self, tenant: TenantPrincipal, name: str) -> tuple[FunctionMeta, KernelSet]:
         try:
             return await self.functions.lookup(tenant.id, name)
-        except ApiError as exc:
-            if exc.status == 404:  # a name that does not exist costs a call against the rate too
-                await self.node.check_rate(tenant)
+        except NotFound:  # a name that does not exist costs a call against the rate too
+            await self.node.check_rate(tenant)
             raise
 
     async def execute(

@@ -5,9 +5,9 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.api.errors import ApiError, not_found
 from app.db.models import Kernel, utcnow
 from app.db.repositories.kernels import KernelRepository
+from app.errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from app.runtime.compiler import CompilerUnavailable, KernelCompileFailed, ModuleCompiler
 from app.services.principal import TenantPrincipal
 
@@ -26,29 +26,29 @@ class KernelService:
     async def get(self, name: str) -> Kernel:
         kernel = await self.repo.get(name)
         if kernel is None:
-            raise not_found(f"kernel module {name!r}")
+            raise NotFound.of(f"kernel module {name!r}")
         return kernel
 
     async def put(self, name: str, raw: bytes, arch: str | None, compiler: ModuleCompiler) -> tuple[Kernel, bool]:
         if name == "std":
-            raise ApiError(409, "conflict", "`std` is the platform's kernel library; choose another name")
+            raise Conflict("`std` is the platform's kernel library; choose another name")
         try:
             source = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ApiError(422, "invalid_kernel", "kernel source must be UTF-8 text") from None
+            raise Invalid("kernel source must be UTF-8 text", code="invalid_kernel") from None
         if not source.strip():
-            raise ApiError(422, "invalid_kernel", "kernel source is empty")
+            raise Invalid("kernel source is empty", code="invalid_kernel")
         try:
             await compiler.check_kernel(self.tenant.id, source, arch)
         except KernelCompileFailed as exc:
-            raise ApiError(422, "compile_failed", str(exc)) from None
+            raise Invalid(str(exc), code="compile_failed") from None
         except CompilerUnavailable as exc:
-            raise ApiError(503, "unavailable", f"{exc}; retry later", {"Retry-After": "5"}) from None
+            raise Unavailable(f"{exc}; retry later", retry_after=5) from None
         sha = hashlib.sha256(raw).hexdigest()
         kernel = await self.repo.get(name)
         if kernel is None:
             if await self.repo.count() >= MAX_KERNELS:
-                raise ApiError(403, "quota_exceeded", f"a tenant may register at most {MAX_KERNELS} kernel modules")
+                raise Forbidden(f"a tenant may register at most {MAX_KERNELS} kernel modules", code="quota_exceeded")
             return await self.repo.add(Kernel(name=name, source=source, sha256=sha)), True
         kernel.source, kernel.sha256, kernel.updated_at = source, sha, utcnow()
         await self.session.flush()

@@ -3,10 +3,10 @@ from __future__ import annotations
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.api.errors import ApiError, not_found
 from app.api.schemas import QuotaUpdate, TenantCreate, TenantUpdate
 from app.db.models import Tenant
 from app.db.repositories.tenants import TenantRepository
+from app.errors import Conflict, NotFound
 from app.services.principal import QUOTA_FIELDS
 from app.settings import Settings
 
@@ -24,25 +24,25 @@ class TenantService:
     async def get(self, tenant_id: str) -> Tenant:
         tenant = await self.repo.get(tenant_id)
         if tenant is None:
-            raise not_found("tenant")
+            raise NotFound.of("tenant")
         return tenant
 
     async def create(self, body: TenantCreate) -> Tenant:
         if await self.repo.get_by_name(body.name) is not None:
-            raise ApiError(409, "conflict", f"a tenant named {body.name!r} already exists")
+            raise Conflict(f"a tenant named {body.name!r} already exists")
         quota = default_quota(self.settings)
         if body.quota is not None:
             quota.update(body.quota.model_dump(exclude_none=True))
         try:
             return await self.repo.add(Tenant(name=body.name, **quota))
         except IntegrityError:
-            raise ApiError(409, "conflict", f"a tenant named {body.name!r} already exists") from None
+            raise Conflict(f"a tenant named {body.name!r} already exists") from None
 
     async def update(self, tenant_id: str, body: TenantUpdate) -> Tenant:
         tenant = await self.get(tenant_id)
         if body.name is not None and body.name != tenant.name:
             if await self.repo.get_by_name(body.name) is not None:
-                raise ApiError(409, "conflict", f"a tenant named {body.name!r} already exists")
+                raise Conflict(f"a tenant named {body.name!r} already exists")
             tenant.name = body.name
         if body.disabled is not None:
             tenant.disabled = body.disabled

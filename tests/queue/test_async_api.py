@@ -12,21 +12,7 @@ import httpx
 
 from app.db.migrate import upgrade
 from app.db.models import Invocation, utcnow
-from tests.helpers import ADMIN, deploy, fresh_database, make_settings, new_tenant, running_app, wat
-
-
-async def submit(client: httpx.AsyncClient, key: dict, name: str, body: bytes = b"", headers: dict | None = None) -> httpx.Response:
-    return await client.post(f"/v1/functions/{name}/invocations", content=body, headers={**key, **(headers or {})})
-
-
-async def wait_status(client: httpx.AsyncClient, key: dict, inv: str, *statuses: str, timeout_s: float = 30) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        rec = (await client.get(f"/v1/invocations/{inv}", headers=key)).json()
-        if rec["status"] in statuses:
-            return rec
-        assert asyncio.get_running_loop().time() < deadline, f"still {rec['status']}"
-        await asyncio.sleep(0.05)
+from tests.helpers import ADMIN, deploy, fresh_database, make_settings, new_tenant, running_app, submit, wait_status, wat
 
 
 async def test_submit_runs_and_stores_output(client: httpx.AsyncClient) -> None:

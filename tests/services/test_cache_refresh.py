@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app.api.errors import ApiError
+from app.errors import NotFound
 from app.services.api_keys import ApiKeyService, AuthCache, hash_key
 from app.services.cache_refresh import CacheRefresher
 from app.services.function_cache import FunctionCache
@@ -72,9 +72,9 @@ async def test_function_refresh_sees_redeploys_deletes_and_kernels_from_elsewher
 
     assert (await client.delete("/v1/functions/f", headers=headers)).status_code == 204
     await cache.refresh(keep_s=60)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(NotFound) as err:
         await cache.function(tid, "f")
-    assert err.value.status == 404
+    assert err.value.message == "function 'f' not found"
 
 
 async def test_a_local_change_during_a_refresh_is_not_overwritten(client, platform, monkeypatch) -> None:

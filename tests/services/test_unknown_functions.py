@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.api.errors import ApiError
+from app.errors import NotFound
 from app.services.function_cache import FunctionCache
 from tests.helpers import deploy, new_tenant, wat
 
@@ -52,14 +52,13 @@ async def test_random_names_cost_bounded_memory_and_no_background_reads(client, 
 
     names = [_random_name() for _ in range(50)]
     for name in names:
-        with pytest.raises(ApiError) as err:
+        with pytest.raises(NotFound):
             await cache.lookup(tid, name)
-        assert err.value.status == 404
     assert len(cache._missing) == 2 and not cache._used and not cache._fns
     assert set(cache._missing) == {(tid, n) for n in names[-2:]}  # the most recent ones
 
     opened = sessions.opened
-    with pytest.raises(ApiError):
+    with pytest.raises(NotFound):
         await cache.lookup(tid, names[-1])  # remembered as missing: no database round
     assert sessions.opened == opened
     await cache.refresh(keep_s=300)  # nothing found, nothing to keep fresh: no database round
