@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -12,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.db.ids import invocation_id
 from app.db.models import Invocation
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
@@ -66,7 +66,7 @@ class AsyncInvocations:
                     code="queue_full", retry_after=1,
                 )
             inv = Invocation(
-                id=uuid.uuid4().hex, tenant_id=tenant.id, function=name, version=fn.current_version,
+                id=invocation_id(), tenant_id=tenant.id, function=name, version=fn.current_version,
                 mode=InvocationMode.ASYNC.value, status=InvocationStatus.QUEUED.value, created_at=now,
                 idempotency_key=idempotency_key, query_string=query, request_content_type=content_type, input=body,
             )

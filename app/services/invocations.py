@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from typing import Any
 
 from app.contract.errors import HardTimeout, WorkerCrashed
 from app.contract.messages import HostCounts, Outcome, Result, Run, RunStatus
+from app.db.ids import invocation_id as new_invocation_id
 from app.errors import NotFound
 from app.node.port import NodePort
 from app.observability import context as ctx
@@ -217,7 +217,7 @@ class InvokeService:
         self.recorder = recorder
 
     async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
-        invocation_id = uuid.uuid4().hex
+        invocation_id = new_invocation_id()
         ctx.invocation_id.set(invocation_id)
         created = datetime.now(UTC)
         t0 = time.perf_counter()

@@ -11,10 +11,10 @@ import asyncio
 import codecs
 import contextlib
 import json
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
+from app.db.ids import invocation_id
 from app.queue.states import InvocationMode, InvocationStatus
 from app.services.invocations import Execution, Executor
 from app.services.principal import TenantPrincipal
@@ -29,7 +29,7 @@ class StreamCall:
         self.recorder = recorder
         self.tenant = tenant
         self.name = name
-        self.id = uuid.uuid4().hex
+        self.id = invocation_id()
         self.result: Execution | None = None
         self.status: InvocationStatus | None = None
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
