@@ -10,7 +10,9 @@ With `--guest` the far process runs the echo guest on each body as a worker does
 runner on the CPU backend, its instance built ahead after each reply) and answers with its
 stdout: the floor of a node that runs the guest, with none of the node's own work (no auth, no
 lease, no limits, no record, no metrics). Several far processes, like a node's workers, are named
-with commas; the app sends each call to the next one in turn.
+with commas; each call goes to the one with the fewest calls in flight from its app process,
+the first on a tie (so a lone connection keeps using one warm far process, as the node keeps
+using a tenant's first idle worker).
 
     python -m app.bench.relay_app PATH [--guest]    # a far process, serving the unix socket PATH
     TENSORWASM_BENCH_RELAY=PATH[,PATH...] uvicorn app.bench.relay_app:app --workers N
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import struct
 import tempfile
@@ -32,20 +33,27 @@ from fastapi import FastAPI, Request, Response
 LEN = struct.Struct("!I")
 app = FastAPI()
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-_idle: dict[str, list[_Conn]] = {}
-_next_path = itertools.cycle(os.environ.get("TENSORWASM_BENCH_RELAY", "").split(","))
+_paths = os.environ.get("TENSORWASM_BENCH_RELAY", "").split(",")
+_idle: dict[str, list[_Conn]] = {path: [] for path in _paths}
+_busy = dict.fromkeys(_paths, 0)  # this process's calls in flight on each far process
 
 
 async def _exchange(body: bytes) -> bytes:
-    path = next(_next_path)
-    idle = _idle.setdefault(path, [])
-    conn = idle.pop() if idle else await asyncio.open_unix_connection(path)
-    reader, writer = conn
-    writer.write(LEN.pack(len(body)) + body)
-    (n,) = LEN.unpack(await reader.readexactly(LEN.size))
-    reply = await reader.readexactly(n)
-    idle.append(conn)  # a connection that failed mid-call is dropped with its exception
-    return reply
+    # the far process with the fewest of this process's calls, the first of them on a tie: as
+    # the node's scheduler takes a tenant's first idle worker, one connection keeps one warm
+    path = min(_paths, key=_busy.__getitem__)
+    _busy[path] += 1
+    try:
+        idle = _idle[path]
+        conn = idle.pop() if idle else await asyncio.open_unix_connection(path)
+        reader, writer = conn
+        writer.write(LEN.pack(len(body)) + body)
+        (n,) = LEN.unpack(await reader.readexactly(LEN.size))
+        reply = await reader.readexactly(n)
+        idle.append(conn)  # a connection that failed mid-call is dropped with its exception
+        return reply
+    finally:
+        _busy[path] -= 1
 
 
 @app.post("/echo")

@@ -84,7 +84,8 @@ def test_a_timed_run_reports_the_calls_made_where_wrk_corrects_for_the_ones_not_
 def test_the_guest_floor_runs_the_echo_guest_in_its_far_processes() -> None:
     with bare_relay(2, far=2, guest=True) as url:
         body = bytes(range(256)) * 300
-        # calls in a row go to the far processes in turn, each running its own guest
+        # one client's calls in a row keep to the first far process; wrk's four connections below
+        # spread over both, each running its own guest
         assert [httpx.post(url, content=body, timeout=10).content for _ in range(4)] == [body] * 4
         assert httpx.post(url, content=b"", timeout=10).content == b""
         # the guest, not a plain echo, answers: its stdout is capped at 1 MiB, as a worker's run caps it
