@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import os
 import struct
-import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -80,8 +79,9 @@ async def _serve(path: str, guest: bool) -> None:
         from app.bench.guest_call import EchoGuest
         from app.gpu.cpu import CpuBackend
 
-        work = tempfile.TemporaryDirectory(prefix="tw-relay-guest-")
-        echo = EchoGuest(CpuBackend(), Path(work.name))
+        work = Path(path).with_suffix(".work")  # beside the socket, in the directory its starter removes
+        work.mkdir(exist_ok=True)
+        echo = EchoGuest(CpuBackend(), work)
         handler = _serving(echo.run, echo.after)
     else:
         handler = _serving(bytes, lambda: None)
