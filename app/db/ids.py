@@ -18,7 +18,7 @@ _VARIANT = 0x2 << 62
 _RANDOM_MASK = ~((0xF << 76) | (0x3 << 62)) & ((1 << 80) - 1)
 
 
-def invocation_id() -> str:
+def new_invocation_id() -> str:
     """A new invocation's id: a version-7 UUID as 32 hex digits."""
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big") & _RANDOM_MASK

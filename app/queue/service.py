@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.ids import invocation_id
+from app.db.ids import new_invocation_id
 from app.db.models import Invocation
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
@@ -66,7 +66,7 @@ class AsyncInvocations:
                     code="queue_full", retry_after=1,
                 )
             inv = Invocation(
-                id=invocation_id(), tenant_id=tenant.id, function=name, version=fn.current_version,
+                id=new_invocation_id(), tenant_id=tenant.id, function=name, version=fn.current_version,
                 mode=InvocationMode.ASYNC.value, status=InvocationStatus.QUEUED.value, created_at=now,
                 idempotency_key=idempotency_key, query_string=query, request_content_type=content_type, input=body,
             )

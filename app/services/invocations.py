@@ -19,7 +19,7 @@ from typing import Any
 
 from app.contract.errors import HardTimeout, WorkerCrashed
 from app.contract.messages import HostCounts, Outcome, Result, Run, RunStatus
-from app.db.ids import invocation_id as new_invocation_id
+from app.db.ids import new_invocation_id
 from app.errors import NotFound
 from app.node.port import NodePort
 from app.observability import context as ctx

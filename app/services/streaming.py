@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from app.db.ids import invocation_id
+from app.db.ids import new_invocation_id
 from app.queue.states import InvocationMode, InvocationStatus
 from app.services.invocations import Execution, Executor
 from app.services.principal import TenantPrincipal
@@ -29,7 +29,7 @@ class StreamCall:
         self.recorder = recorder
         self.tenant = tenant
         self.name = name
-        self.id = invocation_id()
+        self.id = new_invocation_id()
         self.result: Execution | None = None
         self.status: InvocationStatus | None = None
         self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
