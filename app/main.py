@@ -137,6 +137,9 @@ def create_app(
         version=__version__,
         description="Multi-tenant WebAssembly functions over HTTP, with guest-launched CUDA kernels.",
         lifespan=lifespan,
+        # the app traces and counts through its own providers (app/observability); FastAPI's own
+        # would look for global ones on every request (~2.5 us) and double the spans if one is set
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     settings = settings or get_settings()
     app.state.settings = settings

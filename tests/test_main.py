@@ -1,5 +1,6 @@
 """The app's startup: the generated admin token is shown once to a person at a terminal, never to
-the log stream; a serving process freezes what startup built out of the collector's sight."""
+the log stream; a serving process freezes what startup built out of the collector's sight; FastAPI's
+own telemetry stays off (the app traces through its own providers)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,18 @@ def test_a_serving_process_freezes_what_startup_built(database_url: str, tmp_pat
     assert out.returncode == 0, out.stderr
     frozen = int(out.stdout.strip().splitlines()[-1])
     assert frozen > 10_000 if freeze else frozen == 0
+
+
+def test_fastapis_own_telemetry_stays_off_when_a_global_provider_is_set(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's global OpenTelemetry setup must not add FastAPI's spans and metrics to the
+    app's own (app/observability): they would double each request's span, on every request."""
+    from fastapi import FastAPI
+    from fastapi.telemetry import _asgi
+    from opentelemetry.sdk.trace import TracerProvider
+
+    monkeypatch.setattr(_asgi.trace, "get_tracer_provider", lambda: TracerProvider())
+    assert FastAPI()._native_telemetry.enabled()  # what a plain FastAPI app would do
+    app = create_app(make_settings(database_url, tmp_path, max_workers=1))
+    assert not app._native_telemetry.enabled()
