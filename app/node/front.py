@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from app.main import create_app
+    from app.node.accept import SharedPortServer
     from app.observability.logging import configure_logging
     from app.settings import get_settings
 
@@ -40,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])  # uvicorn's loop choice (uvloop with uvicorn[standard]), not asyncio.run's
+    server = SharedPortServer(config, sock)
+    server.run()  # uvicorn's loop choice (uvloop with uvicorn[standard]), not asyncio.run's
     return 0 if server.started else 1
 
 
