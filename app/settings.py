@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     # Worker slots only a tenant with nothing running may take: a tenant with calls running holds
     # at most max_workers - reserved_workers, so another tenant's call starts at once in a flood.
     reserved_workers: int = Field(default=1, ge=0)
-    queue_limit: int = 256  # waiting calls are cheap (a future each) and bounded by queue_wait_ms
+    queue_limit: int = 256  # waiting calls are cheap (a ticket and a timer each) and bounded by queue_wait_ms
     queue_wait_ms: int = 1000
     # In a node of several fronts, how long a front may keep a warm tenant's lease for further
     # calls of that tenant before it gives it back (0: one lease per call). A held lease is

@@ -84,7 +84,7 @@ from app.observability.metrics import attach_scheduler
 from app.observability.stalls import StallWatch, stall_histograms
 from app.observability.tracing import Tracing
 from app.sandbox.limiter import FairLimiter
-from app.scheduler.leases import Lease
+from app.scheduler.leases import Lease, Waiting
 from app.scheduler.scheduler import Scheduler
 from app.services.principal import TenantPrincipal, TenantQuota
 from app.settings import Settings
@@ -136,6 +136,7 @@ class _Front:
     unapplied: set[str] = field(default_factory=set)  # change tokens this front has yet to answer
     compiling: collections.Counter[str] = field(default_factory=collections.Counter)  # compile slots held, by tenant
     asking: set[asyncio.Task[None]] = field(default_factory=set)
+    waiting: dict[int, Waiting] = field(default_factory=dict)  # queued lease requests, by req
     closed: bool = False
 
     def send(self, msg: NodeMessage) -> None:
@@ -284,7 +285,10 @@ class Supervisor:
         front.closed = True
         self.fronts.discard(front)
         for task in list(front.asking):
-            task.cancel()  # a queued lease gives its slot back (Scheduler._enter)
+            task.cancel()  # a queued lease gives its slot back (Scheduler.lease)
+        for waiting in list(front.waiting.values()):
+            self.scheduler.withdraw(waiting)
+        front.waiting.clear()
         for lease_id in list(front.leases):
             self._release(front, lease_id, Outcome.CANCELLED, "")
         for token in list(front.unapplied):  # it will never answer: do not wait for it
@@ -309,24 +313,44 @@ class Supervisor:
             self._granted(front, msg, lease)
             return
         self._recall(principal)
-        task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
-        front.asking.add(task)
-        task.add_done_callback(front.asking.discard)
+        if self.tracing.enabled:  # the wait in a task, so that its span covers it
+            task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
+            front.asking.add(task)
+            task.add_done_callback(front.asking.discard)
+            return
+        # no task while it waits: the release that frees a slot grants it (Scheduler.queue_lease)
+        try:
+            waiting = self.scheduler.queue_lease(
+                principal,
+                lambda lease: self._granted(front, msg, lease),
+                lambda exc: self._refuse(front, msg.req, exc),
+            )
+        except Rejected as exc:
+            self._refuse(front, msg.req, exc)
+            return
+        if waiting.pending:  # else granted or refused already
+            front.waiting[msg.req] = waiting
 
     async def _lease(self, front: _Front, msg: LeaseRequest, principal: TenantPrincipal) -> None:
         try:
             with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.wait": True}):
                 lease = await self.scheduler.lease(principal)  # the rate was taken by lease_now
-        except Rejected as exc:
-            front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
-            return
-        except NoCapacity as exc:
-            front.send(Refusal(msg.req, RefusalKind.NO_CAPACITY, str(exc)))
+        except (Rejected, NoCapacity) as exc:
+            self._refuse(front, msg.req, exc)
             return
         self._granted(front, msg, lease)
 
+    @staticmethod
+    def _refuse(front: _Front, req: int, exc: Exception) -> None:
+        front.waiting.pop(req, None)
+        if isinstance(exc, Rejected):
+            front.send(Refusal(req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
+        else:
+            front.send(Refusal(req, RefusalKind.NO_CAPACITY, str(exc)))
+
     def _granted(self, front: _Front, msg: LeaseRequest, lease: Lease) -> None:
         principal = lease.tenant.principal
+        front.waiting.pop(msg.req, None)
         if front.closed:
             self.scheduler.release(lease, Outcome.CANCELLED)
             return

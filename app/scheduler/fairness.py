@@ -38,7 +38,7 @@ class Ticket:
     tenant: str
     seq: int
     granted: bool = False
-    waker: Any = None  # the scheduler's handle for waking the caller (a future)
+    waker: Any = None  # the scheduler's handle for the waiting call (app/scheduler/leases.py Waiting)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from app.contract.messages import Outcome, Result, Run, WorkerMessage
@@ -47,6 +49,34 @@ class Lease:
     async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
         """In a one-process node the call goes over the worker's pipe."""
         return await self.worker.request(run, body, on_chunk)
+
+
+class WaitState(Enum):
+    QUEUED = 1  # waiting for a slot (its tenant's concurrency, the fair share)
+    BINDING = 2  # holds its slot, a task looks for a worker (a bind, an eviction)
+    GRANTED = 3  # the lease was handed over: its holder releases it
+    FAILED = 4  # refused (queue wait over, no capacity): nothing held
+    WITHDRAWN = 5  # its caller went away: whatever it held was given back
+
+
+@dataclass(eq=False)
+class Waiting:
+    """A call `Scheduler.queue_lease` queued. While it waits for a slot it costs the scheduler a
+    ticket and a timer, no task; `granted` or `failed` is called once, from whatever freed or
+    refused it (a release, the queue-wait timer, a bind's task)."""
+
+    ticket: Ticket
+    tenant: _Tenant
+    deadline: float  # (monotonic) the queue wait bounds the whole wait: a slot, then a worker
+    granted: Callable[[Lease], None]
+    failed: Callable[[Exception], None]
+    state: WaitState = WaitState.QUEUED
+    timer: asyncio.TimerHandle | None = None
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.state in (WaitState.QUEUED, WaitState.BINDING)
 
 
 def outcome_of(reply: WorkerMessage) -> Outcome:

@@ -28,6 +28,7 @@ FIFO within a tenant) is decided by app/scheduler/fairness.py; this module runs 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -46,7 +47,7 @@ from app.contract.messages import DeviceView, Outcome, Readiness, Usage, WorkerI
 from app.gpu.probe import probe
 from app.scheduler.devices import Device, Inventory
 from app.scheduler.fairness import Blocked, FairShare, Ticket
-from app.scheduler.leases import KernelSet, Lease, outcome_of
+from app.scheduler.leases import KernelSet, Lease, Waiting, WaitState, outcome_of
 from app.scheduler.ratelimit import TokenBucket
 from app.services.principal import TenantPrincipal
 from app.settings import Settings
@@ -445,36 +446,16 @@ class Scheduler:
         ts.principal = principal
         return ts
 
-    @staticmethod
-    def _wake(granted: list[Ticket]) -> None:
+    def _wake(self, granted: list[Ticket]) -> None:
         for ticket in granted:
-            if ticket.waker is not None and not ticket.waker.done():
-                ticket.waker.set_result(None)
+            if isinstance(ticket.waker, Waiting):
+                self._slot_granted(ticket.waker)
 
-    async def _enter(self, ts: _Tenant) -> Ticket:
-        """Wait for a worker slot: the tenant's concurrency and the fair share allow a call."""
-        tid, limit = ts.principal.id, ts.principal.quota.max_concurrency
-        if len(self.fair.queue(tid)) >= self.settings.queue_limit:
+    def _check_queue(self, ts: _Tenant) -> None:
+        limit = ts.principal.quota.max_concurrency
+        if len(self.fair.queue(ts.principal.id)) >= self.settings.queue_limit:
             self.rejections[(ts.principal.name, "queue_full")] += 1
             raise Rejected(RejectReason.QUEUE_FULL, f"tenant is at its concurrency limit ({limit}) and its queue is full", 1)
-        ticket, granted = self.fair.submit(tid, limit)
-        self._wake(granted)
-        if ticket.granted:
-            return ticket
-        ticket.waker = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(self.settings.queue_wait_ms / 1000):
-                await ticket.waker
-        except TimeoutError:
-            if ticket.granted:  # granted as the wait ran out: keep it
-                return ticket
-            blocked = self.fair.blocked(tid)
-            self._wake(self.fair.withdraw(ticket))
-            raise self._refusal(ts, blocked) from None
-        except BaseException:  # the caller went away while queued: give back what it holds
-            self._wake(self.fair.withdraw(ticket))
-            raise
-        return ticket
 
     def _refusal(self, ts: _Tenant, blocked: Blocked) -> Exception:
         name, limit = ts.principal.name, ts.principal.quota.max_concurrency
@@ -527,39 +508,131 @@ class Scheduler:
         lease = self.lease_now(principal, check_rate)
         if lease is not None:
             return lease
-        ts = self._tenant(principal)
-        # the queue wait bounds the whole wait: for a slot, then for a worker (a start, an eviction)
-        deadline = time.monotonic() + self.settings.queue_wait_ms / 1000
-        ticket = await self._enter(ts)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Lease] = loop.create_future()
+
+        def granted(lease: Lease) -> None:
+            if fut.done():  # its caller went away as the lease came: back, unused
+                loop.call_soon(self.release, lease, Outcome.UNUSED)
+            else:
+                fut.set_result(lease)
+
+        def failed(exc: Exception) -> None:
+            if not fut.done():
+                fut.set_exception(exc)
+
+        waiting = self.queue_lease(principal, granted, failed)
         try:
-            w = await self._acquire_worker(ts, deadline)
-        except BaseException:
-            self._leave(ticket)
+            return await fut
+        except asyncio.CancelledError:
+            self.withdraw(waiting)
             raise
-        ts.last_used = time.monotonic()
-        return self._grant(w, ts, ticket)
 
     def lease_now(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease | None:
         """The lease without waiting, when the tenant may start a call now and has an idle
         worker (a warm tenant's usual call): no task, no event-loop turn. None: call `lease`
-        (with check_rate=False: the rate was taken here)."""
+        or `queue_lease` (with check_rate=False: the rate was taken here)."""
         ts = self._tenant(principal)
         if check_rate:
             self._take_rate(ts)
         if ts.waiters:
             return None  # FIFO: those queued go first
         cap = principal.quota.gpu_memory_bytes
-        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
-        if w is None:
+        if not any(w.state == WorkerState.IDLE and w.gpu_cap == cap for w in ts.workers):
             return None
         ticket, granted = self.fair.submit(principal.id, principal.quota.max_concurrency)
-        self._wake(granted)
-        if not ticket.granted:
-            self.fair.withdraw(ticket)
+        self._wake(granted)  # others' calls may take their own tenants' workers here
+        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
+        if not ticket.granted or w is None:
+            self._wake(self.fair.withdraw(ticket))
             return None
         w.state = WorkerState.BUSY
         ts.last_used = time.monotonic()
         return self._grant(w, ts, ticket)
+
+    def queue_lease(self, principal: TenantPrincipal, granted: Callable[[Lease], None], failed: Callable[[Exception], None]) -> Waiting:
+        """Queue a call `lease_now` could not serve. While it waits for its slot it holds a
+        ticket and a timer, not a task: the release that frees the slot hands it the tenant's
+        idle worker at once. Only a slot granted with no idle worker of the tenant (a bind, an
+        eviction) goes on in a task. `granted` or `failed` (Rejected, NoCapacity) is called once,
+        maybe before this returns; `withdraw` gives up a call whose caller went away. Raises
+        Rejected (queue_full) at once."""
+        ts = self._tenant(principal)
+        self._check_queue(ts)
+        wait_s = self.settings.queue_wait_ms / 1000
+        ticket, others = self.fair.submit(principal.id, principal.quota.max_concurrency)
+        waiting = ticket.waker = Waiting(ticket, ts, time.monotonic() + wait_s, granted, failed)
+        if not ticket.granted:
+            waiting.timer = asyncio.get_running_loop().call_later(wait_s, self._queue_timeout, waiting)
+        self._wake(others)  # ours among them when its slot is free now
+        return waiting
+
+    def withdraw(self, waiting: Waiting) -> None:
+        """Its caller went away: give back what it holds. A call already granted or failed is
+        its holder's to release (or holds nothing)."""
+        if not waiting.pending:
+            return
+        state, waiting.state = waiting.state, WaitState.WITHDRAWN
+        if waiting.timer is not None:
+            waiting.timer.cancel()
+        if state == WaitState.QUEUED:
+            self._wake(self.fair.withdraw(waiting.ticket))
+        elif waiting.task is not None:
+            waiting.task.cancel()  # its done callback gives the slot back, started or not
+
+    def _slot_granted(self, waiting: Waiting) -> None:
+        if waiting.state != WaitState.QUEUED:
+            return
+        if waiting.timer is not None:
+            waiting.timer.cancel()
+            waiting.timer = None
+        ts = waiting.tenant
+        cap = ts.principal.quota.gpu_memory_bytes
+        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
+        if w is not None:
+            w.state = WorkerState.BUSY
+            ts.last_used = time.monotonic()
+            waiting.state = WaitState.GRANTED
+            waiting.granted(self._grant(w, ts, waiting.ticket))
+            return
+        waiting.state = WaitState.BINDING
+        waiting.task = task = asyncio.get_running_loop().create_task(self._worker_for(waiting))
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._bound, waiting))
+
+    async def _worker_for(self, waiting: Waiting) -> None:
+        w = await self._acquire_worker(waiting.tenant, waiting.deadline)
+        if waiting.state != WaitState.BINDING:  # withdrawn as the worker came
+            w.state = WorkerState.IDLE
+            self._notify()
+            raise asyncio.CancelledError
+        waiting.tenant.last_used = time.monotonic()
+        waiting.state = WaitState.GRANTED
+        waiting.granted(self._grant(w, waiting.tenant, waiting.ticket))
+
+    def _bound(self, waiting: Waiting, task: asyncio.Task[None]) -> None:
+        """A bind's task ended: a call that got no lease gives its slot back."""
+        self._tasks.discard(task)
+        if waiting.state == WaitState.GRANTED:
+            return
+        self._leave(waiting.ticket)
+        if waiting.state == WaitState.BINDING:
+            waiting.state = WaitState.FAILED
+            exc = NoCapacity("the node is stopping") if task.cancelled() else task.exception()
+            if not isinstance(exc, (Rejected, NoCapacity)):
+                log.error("finding a worker failed", exc_info=exc)
+                exc = NoCapacity(f"finding a worker failed: {exc}")
+            waiting.failed(exc)
+
+    def _queue_timeout(self, waiting: Waiting) -> None:
+        waiting.timer = None
+        if waiting.state != WaitState.QUEUED:
+            return
+        ts = waiting.tenant
+        blocked = self.fair.blocked(ts.principal.id)
+        waiting.state = WaitState.FAILED
+        self._wake(self.fair.withdraw(waiting.ticket))
+        waiting.failed(self._refusal(ts, blocked))
 
     def _grant(self, w: WorkerHandle, ts: _Tenant, ticket: Ticket) -> Lease:
         # unique on this node is enough: a front proves its lease with the token, not the id
