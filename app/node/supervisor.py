@@ -78,7 +78,7 @@ from app.contract.messages import (
     ViewReply,
     lease_mac,
 )
-from app.node.ipc import pack, read_message
+from app.node.ipc import MessageProtocol, pack
 from app.node.startup import freeze_startup_heap, log_serving
 from app.observability.metrics import attach_scheduler
 from app.observability.stalls import StallWatch, stall_histograms
@@ -129,7 +129,7 @@ class _Held:
 class _Front:
     """One front's IPC connection and what it holds."""
 
-    writer: asyncio.StreamWriter
+    writer: asyncio.Transport
     index: int = -1
     pid: int = 0
     leases: dict[str, _Held] = field(default_factory=dict)
@@ -179,7 +179,7 @@ class Supervisor:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         listener = socket.create_server((self.host, self.port), family=family, backlog=4096)
         listener.set_inheritable(True)
-        server = await asyncio.start_unix_server(self._serve_front, path=self.ipc_path, limit=1 << 20)
+        server = await loop.create_unix_server(self._front_protocol, path=self.ipc_path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         try:
@@ -242,43 +242,53 @@ class Supervisor:
             t.cancel()
 
     # -- one front's connection -----------------------------------------------------------------
-    async def _serve_front(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        front = _Front(writer)
-        self.fronts.add(front)
-        try:
-            while True:
-                msg = await read_message(reader)
-                if isinstance(msg, LeaseRequest):
-                    self._lease_request(front, msg)
-                elif isinstance(msg, ReleaseLease):
-                    self._release(front, msg.lease_id, msg.outcome, msg.kernels_version, msg.runs, msg.unused)
-                elif isinstance(msg, CompileSlot):
-                    task = asyncio.get_running_loop().create_task(self._compile_slot(front, msg))
-                    front.asking.add(task)
-                    task.add_done_callback(front.asking.discard)
-                elif isinstance(msg, CompileDone):
-                    if front.compiling[msg.tenant_id] > 0:
-                        front.compiling[msg.tenant_id] -= 1
-                        self.compile_limiter.release(msg.tenant_id)
-                elif isinstance(msg, RateCheck):
-                    try:
-                        self.scheduler.check_rate(_principal(msg.principal))
-                        front.send(RateOk(msg.req))
-                    except Rejected as exc:
-                        front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
-                elif isinstance(msg, View):
-                    front.send(self._view(msg))
-                elif isinstance(msg, Changed) and msg.kind == ChangeKind.APPLIED:
-                    self._applied(front, msg.token)
-                elif isinstance(msg, Changed):
-                    self._changed(front, msg)
-                elif isinstance(msg, Hello):
-                    front.index, front.pid = msg.front, msg.pid
-        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
-            if not isinstance(exc, asyncio.IncompleteReadError):
+    def _front_protocol(self) -> MessageProtocol:
+        front: _Front | None = None
+
+        def made(transport: asyncio.Transport) -> None:
+            nonlocal front
+            front = _Front(transport)
+            self.fronts.add(front)
+
+        def message(msg: NodeMessage) -> None:
+            assert front is not None
+            self._on_message(front, msg)
+
+        def lost(exc: Exception | None) -> None:
+            assert front is not None
+            if isinstance(exc, ProtocolError):
                 log.error("front %d sent garbage: %s", front.index, exc)
-        finally:
             self._front_gone(front)
+
+        return MessageProtocol(made, message, lost)
+
+    def _on_message(self, front: _Front, msg: NodeMessage) -> None:
+        if isinstance(msg, LeaseRequest):
+            self._lease_request(front, msg)
+        elif isinstance(msg, ReleaseLease):
+            self._release(front, msg.lease_id, msg.outcome, msg.kernels_version, msg.runs, msg.unused)
+        elif isinstance(msg, CompileSlot):
+            task = asyncio.get_running_loop().create_task(self._compile_slot(front, msg))
+            front.asking.add(task)
+            task.add_done_callback(front.asking.discard)
+        elif isinstance(msg, CompileDone):
+            if front.compiling[msg.tenant_id] > 0:
+                front.compiling[msg.tenant_id] -= 1
+                self.compile_limiter.release(msg.tenant_id)
+        elif isinstance(msg, RateCheck):
+            try:
+                self.scheduler.check_rate(_principal(msg.principal))
+                front.send(RateOk(msg.req))
+            except Rejected as exc:
+                front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
+        elif isinstance(msg, View):
+            front.send(self._view(msg))
+        elif isinstance(msg, Changed) and msg.kind == ChangeKind.APPLIED:
+            self._applied(front, msg.token)
+        elif isinstance(msg, Changed):
+            self._changed(front, msg)
+        elif isinstance(msg, Hello):
+            front.index, front.pid = msg.front, msg.pid
 
     def _front_gone(self, front: _Front) -> None:
         """Its calls are lost: workers mid-call are replaced, queued calls withdrawn."""
