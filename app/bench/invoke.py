@@ -99,10 +99,14 @@ def bench_invoke(args: argparse.Namespace) -> int:
         before = observed.scrape(client)
         res["node_c1"] = _post(url, 1, secs, hot)
         c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
+        c32_split: observed.Split | None = None
         for c in (32, 256):
-            cpu_before = cpu.sample(node_pid)
+            seen_before = observed.scrape(client)
+            cpu_before = cpu.sample(node_pid)  # after the scrape: its work is not the run's
             r = res[f"node_c{c}"] = _post(url, c, secs, hot)
             cpu_use[c] = cpu.per_role(cpu_before, cpu.sample(node_pid), r.requests, r.seconds)
+            if c == 32:
+                c32_split = observed.split(observed.scrape(client), "hot") - observed.split(seen_before, "hot")
 
         flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
         quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
@@ -133,14 +137,14 @@ def bench_invoke(args: argparse.Namespace) -> int:
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
-    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split)
+    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, c32_split)
     return 0
 
 
 def _report(
     r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[observed.Slow] | None = None,
     stalls: list[observed.Stalls] | None = None, after_idle_ms: float | None = None, cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] | None = None,
-    c1_split: observed.Split | None = None,
+    c1_split: observed.Split | None = None, c32_split: observed.Split | None = None,
 ) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
@@ -176,6 +180,9 @@ def _report(
                 for role, u in sorted(roles.items()) if role != cpu.Role.OTHER
             ),
         )
+    if c32_split is not None:  # what a worker waits on between runs: "rest" is spent holding it
+        call, wait, run = c32_split.mean_us()
+        _line("c=32 mean us: call in the node (lease wait, guest run, rest)", f"{call:.0f} ({wait:.0f}, {run:.0f}, {call - wait - run:.0f})")
     _line(f"c=32: bare + one hop, {procs} processes, req/s", f"{r['relay_c32'].rps:.0f}")
     _line("c=32: node / bare + one hop", f"{r['node_c32'].goodput / r['relay_c32'].rps:.2f}x")
     floor32 = r["floor_c32"].rps / r["bareN_c32"].rps

@@ -173,3 +173,10 @@ def test_a_c1_calls_time_is_split_into_its_lease_wait_its_guests_run_and_the_res
     r["node_c1"] = replace(r["node_c1"], requests=2000, seconds=1.0)  # one connection: a 500 us cycle
     _report(r, 2, 8, c1_split=during)
     assert _line(capsys.readouterr().out, "c=1 mean us").split("rest)")[1].split() == ["500", "|", "400", "(100,", "150,", "150)"]
+
+
+def test_the_c32_split_says_what_a_call_spends_beside_its_guest(capsys: pytest.CaptureFixture[str]) -> None:
+    _report(_results([3.0]), 2, 8, c32_split=Split(calls=1000, call_s=3.0, wait_s=2.2, run_s=0.25))
+    assert _line(capsys.readouterr().out, "c=32 mean us: call in the node").split()[-4:] == ["3000", "(2200,", "250,", "550)"]
+    _report(_results([3.0]), 2, 8)
+    assert "c=32 mean us" not in capsys.readouterr().out
