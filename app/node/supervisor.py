@@ -129,7 +129,7 @@ class _Held:
 class _Front:
     """One front's IPC connection and what it holds."""
 
-    writer: asyncio.Transport
+    transport: asyncio.Transport
     index: int = -1
     pid: int = 0
     leases: dict[str, _Held] = field(default_factory=dict)
@@ -141,7 +141,7 @@ class _Front:
 
     def send(self, msg: NodeMessage) -> None:
         if not self.closed:
-            self.writer.write(pack(msg))
+            self.transport.write(pack(msg))
 
 
 class Supervisor:
@@ -308,7 +308,7 @@ class Supervisor:
                 self.compile_limiter.release(tenant_id)
         front.compiling.clear()
         with contextlib.suppress(Exception):
-            front.writer.close()
+            front.transport.close()
 
     def _lease_request(self, front: _Front, msg: LeaseRequest) -> None:
         """Grant at once when the tenant has an idle worker and may run; else wait in a task."""
