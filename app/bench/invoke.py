@@ -101,11 +101,11 @@ def bench_invoke(args: argparse.Namespace) -> int:
         c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
         c32_split: observed.Split | None = None
         for c in (32, 256):
-            seen_before = observed.scrape(client)
+            seen_before = observed.scrape(client) if c == 32 else None
             cpu_before = cpu.sample(node_pid)  # after the scrape: its work is not the run's
             r = res[f"node_c{c}"] = _post(url, c, secs, hot)
             cpu_use[c] = cpu.per_role(cpu_before, cpu.sample(node_pid), r.requests, r.seconds)
-            if c == 32:
+            if seen_before is not None:
                 c32_split = observed.split(observed.scrape(client), "hot") - observed.split(seen_before, "hot")
 
         flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)

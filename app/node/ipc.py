@@ -22,15 +22,23 @@ def pack(msg: NodeMessage) -> bytes:
     return _LEN.pack(len(raw)) + raw
 
 
+def _check_length(n: int) -> None:
+    if n > MAX_MESSAGE:
+        raise ProtocolError(f"node message too large: {n} bytes")
+
+
+def _decode(raw: bytes | memoryview) -> NodeMessage:
+    try:
+        return node_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"bad node message: {exc}") from None
+
+
 async def read_message(reader: asyncio.StreamReader) -> NodeMessage:
     """Raises asyncio.IncompleteReadError when the peer closes, ProtocolError on garbage."""
     (n,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-    if n > MAX_MESSAGE:
-        raise ProtocolError(f"node message too large: {n} bytes")
-    try:
-        return node_decoder.decode(await reader.readexactly(n))
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"bad node message: {exc}") from None
+    _check_length(n)
+    return _decode(await reader.readexactly(n))
 
 
 class MessageProtocol(asyncio.Protocol):
@@ -65,15 +73,11 @@ class MessageProtocol(asyncio.Protocol):
             with memoryview(buf) as view:  # released before the buffer shrinks
                 while len(view) - at >= _LEN.size:
                     (n,) = _LEN.unpack_from(view, at)
-                    if n > MAX_MESSAGE:
-                        raise ProtocolError(f"node message too large: {n} bytes")
+                    _check_length(n)
                     start = at + _LEN.size
                     if len(view) - start < n:
                         break
-                    try:
-                        msg = node_decoder.decode(view[start : start + n])
-                    except msgspec.DecodeError as exc:
-                        raise ProtocolError(f"bad node message: {exc}") from None
+                    msg = _decode(view[start : start + n])
                     at = start + n
                     self._on_message(msg)
         except ProtocolError as exc:

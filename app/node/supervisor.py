@@ -280,7 +280,7 @@ class Supervisor:
                 self.scheduler.check_rate(_principal(msg.principal))
                 front.send(RateOk(msg.req))
             except Rejected as exc:
-                front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
+                self._refuse(front, msg.req, exc)
         elif isinstance(msg, View):
             front.send(self._view(msg))
         elif isinstance(msg, Changed) and msg.kind == ChangeKind.APPLIED:
@@ -311,13 +311,13 @@ class Supervisor:
             front.transport.close()
 
     def _lease_request(self, front: _Front, msg: LeaseRequest) -> None:
-        """Grant at once when the tenant has an idle worker and may run; else wait in a task."""
+        """Grant at once when the tenant has an idle worker and may run; else queue the request."""
         principal = _principal(msg.principal)
         with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.wait": False}):
             try:
                 lease = self.scheduler.lease_now(principal, check_rate=msg.check_rate)
             except Rejected as exc:
-                front.send(Refusal(msg.req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
+                self._refuse(front, msg.req, exc)
                 return
         if lease is not None:
             self._granted(front, msg, lease)

@@ -537,18 +537,24 @@ class Scheduler:
             self._take_rate(ts)
         if ts.waiters:
             return None  # FIFO: those queued go first
-        cap = principal.quota.gpu_memory_bytes
-        if not any(w.state == WorkerState.IDLE and w.gpu_cap == cap for w in ts.workers):
+        w = self._idle_worker(ts)
+        if w is None:
             return None
         ticket, granted = self.fair.submit(principal.id, principal.quota.max_concurrency)
-        self._wake(granted)  # others' calls may take their own tenants' workers here
-        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
-        if not ticket.granted or w is None:
+        self._wake(granted)  # others' calls may take workers here: of their own tenants only
+        if not ticket.granted or w.state != WorkerState.IDLE:
             self._wake(self.fair.withdraw(ticket))
             return None
         w.state = WorkerState.BUSY
         ts.last_used = time.monotonic()
         return self._grant(w, ts, ticket)
+
+    @staticmethod
+    def _idle_worker(ts: _Tenant) -> WorkerHandle | None:
+        """The tenant's first idle worker bound with its current cap (another cap: `_acquire_worker`
+        retires it)."""
+        cap = ts.principal.quota.gpu_memory_bytes
+        return next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
 
     def queue_lease(self, principal: TenantPrincipal, granted: Callable[[Lease], None], failed: Callable[[Exception], None]) -> Waiting:
         """Queue a call `lease_now` could not serve. While it waits for its slot it holds a
@@ -587,8 +593,7 @@ class Scheduler:
             waiting.timer.cancel()
             waiting.timer = None
         ts = waiting.tenant
-        cap = ts.principal.quota.gpu_memory_bytes
-        w = next((w for w in ts.workers if w.state == WorkerState.IDLE and w.gpu_cap == cap), None)
+        w = self._idle_worker(ts)
         if w is not None:
             w.state = WorkerState.BUSY
             ts.last_used = time.monotonic()
