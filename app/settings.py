@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     # a flood rose from 1.44x to 3.53x its p99 alone (README, Benchmarks).
     lease_hold_ms: int = Field(default=0, ge=0, le=10_000)
     lease_idle_ms: float = Field(default=5.0, ge=0)
+    # In a node of several fronts, how many calls a lease may carry when its front has more calls
+    # of the tenant waiting for a lease: as a call ends, the front passes the worker to its oldest
+    # such call and tells the supervisor, instead of a release and the next grant (1: a lease per
+    # call). Each call is admitted as before (rate, queue); the slot goes with the lease. Not
+    # granted, and recalled, while another tenant's call waits for a worker slot.
+    lease_handoff_runs: int = Field(default=8, ge=1, le=1000)
     hard_timeout_grace_ms: int = 1000
     worker_start_timeout_s: float = 60.0
     # Fork workers from a process that already imported the runtime (no CUDA call made there);

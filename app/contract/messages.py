@@ -217,8 +217,10 @@ class LeaseRequest(_N, tag="lease"):
 
 class Granted(_N, tag="granted"):
     """Supervisor -> front. With `hold_s` > 0 the front may keep the lease for more calls of the
-    tenant (`token.runs` in all, their rate already taken) for `hold_s` after the grant, until it
-    releases it or is told to (`Recall`)."""
+    tenant (their rate already taken) for `hold_s` after the grant, until it releases it or is
+    told to (`Recall`). With `handoffs` > 0 the front may pass the lease, as a call ends, to up to
+    that many calls of the tenant that wait in it for a lease (`Handoff`), until recalled.
+    `token.runs` counts them all: the grant's call, the paid runs, the handoffs."""
 
     req: int
     lease_id: str
@@ -227,6 +229,7 @@ class Granted(_N, tag="granted"):
     token: LeaseToken
     kernels_version: str  # what the worker holds now: the front sends sources when it differs
     hold_s: float = 0.0
+    handoffs: int = 0
 
 
 class RefusalKind(StrEnum):
@@ -248,6 +251,17 @@ class ReleaseLease(_N, tag="release"):
     kernels_version: str = ""  # what the worker holds after the call
     runs: int = 1  # calls the lease carried (a held lease: more than one)
     unused: int = 0  # runs granted and paid for but not made: given back to the tenant's rate
+
+
+class Handoff(_N, tag="handoff"):
+    """Front -> supervisor: the lease's call ended cleanly and the front passed the lease to its
+    own queued request `req` of the same tenant, whose call runs on it now (hard timeout
+    `hard_timeout_s`). The request leaves the supervisor's queue; the slot goes with the lease.
+    Sent before the run, so the supervisor's deadline covers it."""
+
+    lease_id: str
+    req: int
+    hard_timeout_s: float
 
 
 class Recall(_N, tag="recall"):
@@ -377,7 +391,8 @@ class Changed(_N, tag="changed"):
 
 
 NodeMessage = (
-    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | Recall | CompileSlot | SlotGranted | CompileDone | RateCheck | RateOk | View | ViewReply | Changed
+    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | Handoff | Recall | CompileSlot | SlotGranted | CompileDone
+    | RateCheck | RateOk | View | ViewReply | Changed
 )
 
 

@@ -6,6 +6,12 @@ call instead of being released, and the tenant's next call on this front takes i
 the supervisor, while it has paid runs left, its hold lasts and the call's hard timeout is within
 the one the supervisor's deadline covers. A parked lease goes back after `idle_s` without a call,
 at the end of its hold, and at once when the supervisor recalls it.
+
+Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease goes to this
+front's oldest call of the tenant still waiting for its own lease, if any, with a `Handoff` to
+the supervisor, which takes that call's request out of its queue. The waiting call was admitted
+when it asked (rate, queue), and its request stays asked: a grant that crosses the handoff is
+given back unused.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from app.contract.messages import (
     CompileDone,
     CompileSlot,
     Granted,
+    Handoff,
     Hello,
     LeaseRequest,
     NodeMessage,
@@ -95,6 +102,8 @@ class RemoteLease:
     hold_until: float = 0.0  # (event-loop time) no call starts on it later; 0: one call only
     runs: int = 1  # calls it carried
     runs_left: int = 0  # calls it may still carry, paid for at the grant
+    handoffs_left: int = 0  # calls waiting in this front it may still be passed to
+    handed: bool = False  # its current call came by a handoff (else: the grant, or a paid run)
     recalled: bool = False
     idle: asyncio.TimerHandle | None = None  # set while parked
 
@@ -134,6 +143,8 @@ class SupervisorClient:
         self._on_change: ChangeHandler | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self._principals: dict[int, tuple[TenantPrincipal, Principal]] = {}
+        # lease requests asked and not answered, by tenant id, oldest first: what a handoff serves
+        self._asked: dict[str, dict[int, tuple[asyncio.Future[NodeMessage | RemoteLease], float]]] = {}
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self, on_change: ChangeHandler | None = None, front: int = 0) -> None:
@@ -227,10 +238,13 @@ class SupervisorClient:
         finally:
             self._pending.pop(req, None)
 
-    def _hand_back(self, msg: NodeMessage) -> None:
-        """A lease or compile slot granted to a caller that went away while it waited: return it
-        unused, so the supervisor does not hold it to a deadline."""
-        if isinstance(msg, Granted):
+    def _hand_back(self, msg: NodeMessage | RemoteLease) -> None:
+        """A lease or compile slot granted to a caller that went away while it waited (or a
+        grant that crossed a handoff): return it unused, so the supervisor does not hold it to a
+        deadline."""
+        if isinstance(msg, RemoteLease):
+            self.release(msg, Outcome.UNUSED, msg.kernels)
+        elif isinstance(msg, Granted):
             self._send(ReleaseLease(msg.lease_id, Outcome.UNUSED, msg.kernels_version))
         elif isinstance(msg, SlotGranted):
             self._send(CompileDone(msg.tenant_id))
@@ -262,15 +276,46 @@ class SupervisorClient:
                     with self.tracing.span("scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.lease.held": True}):
                         pass
                 return held
-        p = self._principal(principal)
-        msg = await self._ask(lambda req: LeaseRequest(req, p, hard_timeout_s, check_rate, traceparent))
+        msg = await self._ask_lease(principal, hard_timeout_s, traceparent, check_rate)
+        if isinstance(msg, RemoteLease):  # passed on by the tenant's previous call here
+            if self.tracing is not None and self.tracing.enabled:
+                with self.tracing.span("scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.lease.handoff": True}):
+                    pass
+            return msg
         if not isinstance(msg, Granted):
             raise self._refused(msg)
-        lease = RemoteLease(self, msg, hard_timeout_s=hard_timeout_s, kernels=msg.kernels_version, runs_left=msg.token.runs - 1)
+        lease = RemoteLease(
+            self, msg, hard_timeout_s=hard_timeout_s, kernels=msg.kernels_version,
+            runs_left=msg.token.runs - 1 - msg.handoffs, handoffs_left=msg.handoffs,
+        )
         if msg.hold_s > 0:
             lease.hold_until = asyncio.get_running_loop().time() + msg.hold_s
+        if msg.hold_s > 0 or msg.handoffs > 0:
             self._holding[msg.lease_id] = lease
         return lease
+
+    async def _ask_lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> NodeMessage | RemoteLease:
+        """`_ask` for a lease, the request queued here too while it waits: the supervisor's
+        answer, or a lease a call of the tenant ending here passed on (`_hand_off`)."""
+        p = self._principal(principal)
+        req = next(self._ids)
+        fut: asyncio.Future[NodeMessage | RemoteLease] = asyncio.get_running_loop().create_future()
+        self._pending[req] = fut  # type: ignore[assignment]  # the reader sets node messages only
+        asked = self._asked.get(principal.id)
+        if asked is None:
+            asked = self._asked[principal.id] = {}
+        asked[req] = (fut, hard_timeout_s)
+        try:
+            self._send(LeaseRequest(req, p, hard_timeout_s, check_rate, traceparent))
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._hand_back(fut.result())  # granted or passed on as its caller went away
+            raise
+        finally:
+            self._pending.pop(req, None)
+            if asked.pop(req, None) is not None and not asked:
+                self._asked.pop(principal.id, None)
 
     def release(self, lease: object, outcome: Outcome, kernels_version: str) -> None:
         assert isinstance(lease, RemoteLease)
@@ -281,9 +326,15 @@ class SupervisorClient:
             else:  # the worker is being replaced, or its reply is still on the way
                 conn.close()
         if outcome == Outcome.UNUSED and lease.runs > 1:  # a held lease's call that never reached the worker
-            lease.runs, lease.runs_left, outcome = lease.runs - 1, lease.runs_left + 1, Outcome.OK
+            lease.runs, outcome = lease.runs - 1, Outcome.OK
+            if lease.handed:
+                lease.handoffs_left += 1
+            else:
+                lease.runs_left += 1
         elif outcome != Outcome.UNUSED:
             lease.kernels = kernels_version
+        if outcome == Outcome.OK and self._hand_off(lease):
+            return
         if outcome == Outcome.OK and self._may_keep(lease):
             self._park_lease(lease)
             return
@@ -320,6 +371,28 @@ class SupervisorClient:
             self.release(lease, outcome, kernels_version)
 
     # -- held leases ----------------------------------------------------------------------------
+    def _hand_off(self, lease: RemoteLease) -> bool:
+        """Pass the lease to this front's oldest call of its tenant that waits for a lease."""
+        if lease.handoffs_left <= 0 or lease.recalled or self._writer is None:
+            return False
+        asked = self._asked.get(lease.grant.token.tenant_id)
+        while asked:
+            req = next(iter(asked))
+            fut, hard_timeout_s = asked.pop(req)
+            if not asked:
+                del self._asked[lease.grant.token.tenant_id]
+            self._pending.pop(req, None)  # the supervisor's answer to it, if any, is handed back
+            if fut.done():
+                continue
+            lease.handoffs_left -= 1
+            lease.runs += 1
+            lease.handed = True
+            lease.hard_timeout_s = hard_timeout_s  # what the supervisor's deadline covers now
+            self._send(Handoff(lease.grant.lease_id, req, hard_timeout_s))
+            fut.set_result(lease)
+            return True
+        return False
+
     def _may_keep(self, lease: RemoteLease) -> bool:
         return (
             lease.hold_until > 0 and not lease.recalled and lease.runs_left > 0
@@ -338,6 +411,7 @@ class SupervisorClient:
             if self._may_keep(lease) and hard_timeout_s <= lease.hard_timeout_s:
                 lease.runs += 1
                 lease.runs_left -= 1
+                lease.handed = False
                 return lease
             self._give_back(lease, Outcome.OK)
         return None

@@ -21,6 +21,16 @@ concurrency limit; a call that holds its slot and waits for a worker (a bind, an
 recalls every held lease again, and none is granted for holding while any call waits for either.
 So FIFO within a tenant, the fair share and evictions work as before.
 
+Handoffs under load: a lease may also carry up to `TENSORWASM_LEASE_HANDOFF_RUNS` calls when its
+front has more calls of the tenant waiting (`Granted.handoffs`). As a call ends, the front passes
+the worker to its own oldest waiting call and says so (`Handoff`): that call's request leaves the
+queue here and takes over the slot, and the lease's deadline is set again for it. Each call was
+admitted when it asked (rate, queue); a busy tenant's worker then goes from call to call without
+a release and a grant between them. Within a tenant a front may serve its own calls before older
+ones of other fronts, at most `handoff runs` calls a lease; no handoff is granted, and those
+granted are recalled, while another tenant's call waits for a worker slot or a call waits for a
+worker to be bound, so the fair share and evictions are untouched.
+
 The supervisor holds each lease to its hard deadline too: a front that never releases has its
 worker killed. A front whose connection drops has its leases released as cancelled (their
 workers are killed mid-call: the replies have nowhere to go) and its queued calls withdrawn.
@@ -52,7 +62,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from app.contract.errors import NoCapacity, Rejected
+from app.contract.errors import NoCapacity, Rejected, RejectReason
 from app.contract.frames import ProtocolError
 from app.contract.messages import (
     Changed,
@@ -60,6 +70,7 @@ from app.contract.messages import (
     CompileDone,
     CompileSlot,
     Granted,
+    Handoff,
     Hello,
     LeaseRequest,
     LeaseToken,
@@ -84,6 +95,7 @@ from app.observability.metrics import attach_scheduler
 from app.observability.stalls import StallWatch, stall_histograms
 from app.observability.tracing import Tracing
 from app.sandbox.limiter import FairLimiter
+from app.scheduler.fairness import Blocked
 from app.scheduler.leases import Lease, Waiting
 from app.scheduler.scheduler import Scheduler
 from app.services.principal import TenantPrincipal, TenantQuota
@@ -93,6 +105,7 @@ log = logging.getLogger(__name__)
 
 
 RUN_DIR_PREFIX = "tensorwasm-node-"
+_RATE_REFUSALS_KEPT = 4096  # per front: far more than it can have asked for and not yet heard of
 
 
 def sweep_run_dirs(base: Path) -> None:
@@ -121,8 +134,13 @@ class _Held:
 
     lease: Lease
     timer: asyncio.TimerHandle
-    hold: bool = False
+    hold_until: float = 0.0  # (event-loop time) the end of its hold; 0: not held
+    handoff: bool = False  # the front may pass it to its own waiting calls of the tenant
     recalled: bool = False
+
+    @property
+    def hold(self) -> bool:
+        return self.hold_until > 0
 
 
 @dataclass(eq=False)
@@ -137,6 +155,9 @@ class _Front:
     compiling: collections.Counter[str] = field(default_factory=collections.Counter)  # compile slots held, by tenant
     asking: set[asyncio.Task[None]] = field(default_factory=set)
     waiting: dict[int, Waiting] = field(default_factory=dict)  # queued lease requests, by req
+    leasing: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # the same, traced: waits in tasks
+    # requests refused for the rate lately: a handoff that crossed such a refusal is charged
+    rate_refused: collections.OrderedDict[int, None] = field(default_factory=collections.OrderedDict)
     closed: bool = False
 
     def send(self, msg: NodeMessage) -> None:
@@ -162,6 +183,9 @@ class Supervisor:
         self.front_restarts = Counter("tensorwasm_front_restarts", "Front processes started again after they died", registry=self.registry)
         leases = Counter("tensorwasm_leases", "Leases granted to fronts; held: kept by the front for further calls", ["held"], registry=self.registry)
         self._granted_one, self._granted_held = leases.labels(held="false"), leases.labels(held="true")
+        self._handoffs = Counter(
+            "tensorwasm_lease_handoffs", "Calls a front ran on a lease it passed on from the tenant's previous call", registry=self.registry,
+        )
         self.stalls = StallWatch(*stall_histograms(self.registry, "tensorwasm_supervisor"))
         self.tracing = Tracing(settings)
         self.fronts: set[_Front] = set()
@@ -267,6 +291,8 @@ class Supervisor:
             self._lease_request(front, msg)
         elif isinstance(msg, ReleaseLease):
             self._release(front, msg.lease_id, msg.outcome, msg.kernels_version, msg.runs, msg.unused)
+        elif isinstance(msg, Handoff):
+            self._handoff(front, msg)
         elif isinstance(msg, CompileSlot):
             task = asyncio.get_running_loop().create_task(self._compile_slot(front, msg))
             front.asking.add(task)
@@ -326,7 +352,13 @@ class Supervisor:
         if self.tracing.enabled:  # the wait in a task, so that its span covers it
             task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
             front.asking.add(task)
-            task.add_done_callback(front.asking.discard)
+            front.leasing[msg.req] = task
+
+            def done(t: asyncio.Task[None]) -> None:
+                front.asking.discard(t)
+                front.leasing.pop(msg.req, None)
+
+            task.add_done_callback(done)
             return
         # no task while it waits: the release that frees a slot grants it (Scheduler.queue_lease)
         try:
@@ -350,10 +382,13 @@ class Supervisor:
             return
         self._granted(front, msg, lease)
 
-    @staticmethod
-    def _refuse(front: _Front, req: int, exc: Exception) -> None:
+    def _refuse(self, front: _Front, req: int, exc: Exception) -> None:
         front.waiting.pop(req, None)
         if isinstance(exc, Rejected):
+            if exc.reason == RejectReason.RATE and self.settings.lease_handoff_runs > 1:
+                front.rate_refused[req] = None
+                if len(front.rate_refused) > _RATE_REFUSALS_KEPT:
+                    front.rate_refused.popitem(last=False)
             front.send(Refusal(req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
         else:
             front.send(Refusal(req, RefusalKind.NO_CAPACITY, str(exc)))
@@ -369,30 +404,68 @@ class Supervisor:
             runs += self.scheduler.prepay(lease, int(principal.quota.requests_per_second * hold_s))
         if runs == 1:
             hold_s = 0.0
+        handoffs = self.settings.lease_handoff_runs - 1
+        if handoffs > 0 and self.scheduler.contended(principal.id):
+            handoffs = 0
         # the front times each call itself; this is the backstop for a front that never answers
         # (it starts no call on a held lease past hold_s, and each call ends by its hard timeout)
+        loop = asyncio.get_running_loop()
         grace = self.settings.hard_timeout_grace_ms / 1000
-        timer = asyncio.get_running_loop().call_later(hold_s + msg.hard_timeout_s + grace, self._overdue, front, lease.id)
-        front.leases[lease.id] = _Held(lease, timer, hold=hold_s > 0)
+        timer = loop.call_later(hold_s + msg.hard_timeout_s + grace, self._overdue, front, lease.id)
+        front.leases[lease.id] = _Held(lease, timer, loop.time() + hold_s if hold_s > 0 else 0.0, handoffs > 0)
         (self._granted_held if hold_s > 0 else self._granted_one).inc()
         w = lease.worker
         assert w.socket_path is not None
+        runs += handoffs
         token = LeaseToken(lease.id, principal.id, lease_mac(self.secret, lease.id, w.id, principal.id, runs), runs)
-        front.send(Granted(msg.req, lease.id, w.id, w.socket_path, token, lease.kernels_version, hold_s))
+        front.send(Granted(msg.req, lease.id, w.id, w.socket_path, token, lease.kernels_version, hold_s, handoffs))
+
+    def _handoff(self, front: _Front, msg: Handoff) -> None:
+        """The front passed a lease to its own queued request `msg.req`: that request leaves the
+        queue (its call was admitted when it asked) and the lease's deadline now covers its call."""
+        held = front.leases.get(msg.lease_id)
+        if held is None:
+            return  # taken back at its deadline: the worker is gone, and the call fails with it
+        waiting = front.waiting.pop(msg.req, None)
+        task = front.leasing.pop(msg.req, None)
+        if waiting is not None:
+            self.scheduler.withdraw(waiting)
+        elif task is not None:
+            task.cancel()  # a traced wait: Scheduler.lease gives back whatever it holds
+        elif msg.req in front.rate_refused:
+            # refused for the rate as the front passed the lease on: the call ran all the same,
+            # so the rate takes it now (the tenant's next calls pay it back)
+            del front.rate_refused[msg.req]
+            self.scheduler.charge_rate(held.lease.tenant.principal.id)
+        # else: granted another lease meanwhile, which the front gives back unused
+        self._handoffs.inc()
+        held.timer.cancel()
+        loop = asyncio.get_running_loop()
+        start = max(loop.time(), held.hold_until)
+        held.timer = loop.call_at(start + msg.hard_timeout_s + self.settings.hard_timeout_grace_ms / 1000, self._overdue, front, msg.lease_id)
 
     def _recall(self, principal: TenantPrincipal) -> None:
         """A call of this tenant has to wait: recall the held leases that could serve it (its
-        tenant's; every tenant's unless it waits for its own concurrency limit)."""
-        own_limit = self.scheduler.fair.running(principal.id) >= principal.quota.max_concurrency
-        self._recall_where(lambda held: not own_limit or held.lease.tenant.principal.id == principal.id)
+        tenant's; every tenant's unless it waits for its own concurrency limit), and other
+        tenants' handoffs when it waits for a worker slot only (`FairShare.starved`)."""
+        tenant_id = principal.id
+        holds = self.settings.lease_hold_ms > 0
+        own_limit = holds and self.scheduler.fair.running(tenant_id) >= principal.quota.max_concurrency
+        starved = self.settings.lease_handoff_runs > 1 and self.scheduler.fair.blocked(tenant_id) == Blocked.NO_CAPACITY
+        if not holds and not starved:
+            return  # nothing it may take back: no walk over every lease
+        self._recall_where(
+            lambda held: (held.hold and (not own_limit or held.lease.tenant.principal.id == tenant_id))
+            or (starved and held.handoff and held.lease.tenant.principal.id != tenant_id)
+        )
 
     def _recall_where(self, which: Callable[[_Held], bool]) -> None:
-        if self.settings.lease_hold_ms == 0:
+        if self.settings.lease_hold_ms == 0 and self.settings.lease_handoff_runs <= 1:
             return  # no lease is held: every waiting call would walk every lease for nothing
         for front in self.fronts:
             ids = []
             for lease_id, held in front.leases.items():
-                if held.hold and not held.recalled and which(held):
+                if (held.hold or held.handoff) and not held.recalled and which(held):
                     held.recalled = True
                     ids.append(lease_id)
             if ids:

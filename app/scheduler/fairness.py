@@ -84,6 +84,13 @@ class FairShare:
             return Blocked.FAIR_SHARE
         return Blocked.NO_CAPACITY
 
+    def starved(self, except_tenant: str) -> bool:
+        """Some other tenant waits only because every slot of the node is held."""
+        return any(
+            load.queue and tenant != except_tenant and self._eligible(load)
+            for tenant, load in self._load.items()
+        )
+
     def dispatch(self) -> list[Ticket]:
         """Grant free slots to waiting calls; returns the tickets granted now."""
         granted: list[Ticket] = []

@@ -526,6 +526,8 @@ class Scheduler:
             return await fut
         except asyncio.CancelledError:
             self.withdraw(waiting)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result(), Outcome.UNUSED)  # granted, then cancelled before it resumed
             raise
 
     def lease_now(self, principal: TenantPrincipal, check_rate: bool = False) -> Lease | None:
@@ -642,6 +644,19 @@ class Scheduler:
     def _grant(self, w: WorkerHandle, ts: _Tenant, ticket: Ticket) -> Lease:
         # unique on this node is enough: a front proves its lease with the token, not the id
         return Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
+
+    def charge_rate(self, tenant_id: str) -> None:
+        """Take one call from the tenant's rate even past empty (the bucket goes into debt and
+        refuses calls until it refills): for a call that ran without being admitted against
+        the rate (a handoff that crossed its request's rate refusal)."""
+        ts = self.tenants.get(tenant_id)
+        if ts is not None:
+            ts.bucket.charge()
+
+    def contended(self, tenant_id: str) -> bool:
+        """Another tenant's call waits for a worker slot (not for its own limits), or a call
+        waits for a worker to be bound: what a lease of `tenant_id` kept busy may hold up."""
+        return self._binders > 0 or self.fair.starved(tenant_id)
 
     def prepay(self, lease: Lease, runs: int) -> int:
         """Take up to `runs` more calls from the lease's tenant's rate now, for a lease a front

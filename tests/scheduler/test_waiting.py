@@ -156,3 +156,23 @@ async def test_a_cap_no_device_can_hold_fails_the_queued_call(app_factory) -> No
         await asyncio.sleep(0)
         assert waiting.state == WaitState.FAILED and isinstance(calls.failed[0][1], NoCapacity)
         assert s.fair.running(p.id) == 0
+
+
+async def test_a_waiting_lease_granted_as_its_caller_is_cancelled_is_given_back(app_factory) -> None:
+    """The release grants the waiting `lease()` and the caller is cancelled before it resumes
+    (the supervisor cancels a traced wait that a front's handoff served): the lease goes back."""
+    async with app_factory(max_workers=2, queue_wait_ms=5000) as (_, platform):
+        s: Scheduler = platform.scheduler
+        p = _principal(max_concurrency=1)
+        running = await s.lease(p)
+        waiter = asyncio.create_task(s.lease(p))
+        await asyncio.sleep(0)
+        assert s.fair.queued() == 1
+        s.release(running, Outcome.OK)  # grants the waiter's future within the release
+        waiter.cancel()  # before the waiter resumed
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert s.fair.running(p.id) == 0 and s.fair.queued() == 0
+        again = s.lease_now(p)
+        assert again is not None and again.worker is running.worker  # idle again, not leaked
+        s.release(again, Outcome.OK)

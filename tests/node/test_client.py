@@ -1,0 +1,177 @@
+"""A front's side of the lease protocol (app/node/client.py), against a scripted supervisor on a
+real unix socket: handoffs of a lease to the front's own waiting calls of its tenant."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from app.contract.messages import (
+    Granted,
+    Handoff,
+    Hello,
+    LeaseRequest,
+    LeaseToken,
+    NodeMessage,
+    Outcome,
+    Recall,
+    Refusal,
+    RefusalKind,
+    ReleaseLease,
+)
+from app.node.client import RemoteLease, SupervisorClient
+from app.node.ipc import MessageProtocol, pack
+from app.services.principal import TenantPrincipal, TenantQuota
+
+
+@dataclass
+class Scripted:
+    """The supervisor's end: what the front sent, and a way to answer."""
+
+    got: asyncio.Queue[NodeMessage] = field(default_factory=asyncio.Queue)
+    transport: asyncio.Transport | None = None
+
+    def send(self, msg: NodeMessage) -> None:
+        assert self.transport is not None
+        self.transport.write(pack(msg))
+
+    async def next(self) -> NodeMessage:
+        while True:
+            msg = await asyncio.wait_for(self.got.get(), 5)
+            if not isinstance(msg, Hello):
+                return msg
+
+    def quiet(self) -> bool:
+        return self.got.empty()
+
+
+@asynccontextmanager
+async def front(tmp_path: Path) -> AsyncIterator[tuple[SupervisorClient, Scripted]]:
+    sup = Scripted()
+
+    def made(transport: asyncio.Transport) -> None:
+        sup.transport = transport
+
+    path = str(tmp_path / "sup.sock")
+    server = await asyncio.get_running_loop().create_unix_server(
+        lambda: MessageProtocol(made, sup.got.put_nowait, lambda exc: None), path=path
+    )
+    client = SupervisorClient(path)
+    await client.connect()
+    try:
+        yield client, sup
+    finally:
+        await client.close()
+        server.close()
+
+
+def tenant(name: str = "t") -> TenantPrincipal:
+    quota = TenantQuota(
+        gpu_memory_bytes=0, max_concurrency=4, requests_per_second=100.0, max_functions=10,
+        max_module_bytes=1 << 20, wasm_memory_bytes=1 << 20, timeout_ms=1000, max_queued=10,
+    )
+    return TenantPrincipal(f"id-{name}", name, quota)
+
+
+def grant(req: int, lease_id: str, tenant_id: str, handoffs: int) -> Granted:
+    token = LeaseToken(lease_id, tenant_id, b"mac", 1 + handoffs)
+    return Granted(req, lease_id, "w1", "/nowhere.sock", token, "", 0.0, handoffs)
+
+
+async def asked(sup: Scripted) -> LeaseRequest:
+    msg = await sup.next()
+    assert isinstance(msg, LeaseRequest), msg
+    return msg
+
+
+async def test_a_lease_goes_to_the_oldest_waiting_call_of_its_tenant(tmp_path: Path) -> None:
+    t, other = tenant("t"), tenant("u")
+    async with front(tmp_path) as (client, sup):
+        first = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r1 = await asked(sup)
+        sup.send(grant(r1.req, "L1", t.id, handoffs=2))
+        lease = await first
+        assert isinstance(lease, RemoteLease) and lease.handoffs_left == 2
+
+        waiting_other = asyncio.create_task(client.lease(other, 1.0, None, True))
+        r_other = await asked(sup)
+        second = asyncio.create_task(client.lease(t, 2.5, None, True))
+        r2 = await asked(sup)
+        third = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r3 = await asked(sup)
+
+        client.release(lease, Outcome.OK, "v1")  # the first call ends: its lease goes on
+        assert await sup.next() == Handoff("L1", r2.req, 2.5)  # the oldest of its tenant, its timeout
+        assert await second is lease and lease.runs == 2 and lease.kernels == "v1"
+        assert not waiting_other.done()  # another tenant's call never gets it
+
+        client.release(lease, Outcome.OK, "v1")
+        assert await sup.next() == Handoff("L1", r3.req, 1.0)
+        assert await third is lease
+
+        # the handoffs are used up: the lease goes back, with the runs it carried
+        client.release(lease, Outcome.OK, "v1")
+        assert await sup.next() == ReleaseLease("L1", Outcome.OK, "v1", runs=3, unused=0)
+
+        # a grant that crossed a handoff is given back unused
+        sup.send(grant(r2.req, "L2", t.id, handoffs=0))
+        assert await sup.next() == ReleaseLease("L2", Outcome.UNUSED, "", runs=1, unused=0)
+        # and a refusal that crossed one is ignored
+        sup.send(Refusal(r3.req, RefusalKind.REJECTED, "rate", "rate", 1))
+        sup.send(Refusal(r_other.req, RefusalKind.NO_CAPACITY, "busy"))
+        try:
+            await waiting_other
+        except Exception as exc:
+            assert "busy" in str(exc)
+        assert sup.quiet()
+
+
+async def test_a_lease_without_handoffs_a_recalled_one_or_a_failed_call_goes_back(tmp_path: Path) -> None:
+    t = tenant()
+    async with front(tmp_path) as (client, sup):
+        for handoffs, recall, outcome in ((0, False, Outcome.OK), (3, True, Outcome.OK), (3, False, Outcome.LOST)):
+            first = asyncio.create_task(client.lease(t, 1.0, None, True))
+            r1 = await asked(sup)
+            lease_id = f"L-{handoffs}-{recall}-{outcome}"
+            sup.send(grant(r1.req, lease_id, t.id, handoffs))
+            lease = await first
+            waiter = asyncio.create_task(client.lease(t, 1.0, None, True))
+            r2 = await asked(sup)
+            if recall:
+                sup.send(Recall([lease_id]))
+                await asyncio.sleep(0.05)
+            client.release(lease, outcome, "")
+            released = await sup.next()
+            assert isinstance(released, ReleaseLease) and released.lease_id == lease_id and released.outcome == outcome
+            sup.send(grant(r2.req, lease_id + "-next", t.id, 0))
+            got = await waiter
+            assert got is not lease  # it had to wait for its own grant
+            client.release(got, Outcome.OK, "")
+            assert (await sup.next()).lease_id == lease_id + "-next"  # type: ignore[union-attr]
+
+
+async def test_a_call_that_leaves_after_the_handoff_passes_the_lease_on(tmp_path: Path) -> None:
+    """The caller of the call handed the lease went away before it ran: the run it would have
+    made is not counted, and the lease goes to the next waiting call."""
+    t = tenant()
+    async with front(tmp_path) as (client, sup):
+        first = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r1 = await asked(sup)
+        sup.send(grant(r1.req, "L", t.id, handoffs=4))
+        lease = await first
+        second = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r2 = await asked(sup)
+        third = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r3 = await asked(sup)
+        client.release(lease, Outcome.OK, "")
+        second.cancel()  # its lease arrived as it was cancelled
+        assert await sup.next() == Handoff("L", r2.req, 1.0)
+        assert await sup.next() == Handoff("L", r3.req, 1.0)
+        assert await third is lease and lease.runs == 2 and lease.handoffs_left == 3  # the unused one came back
+        client.release(lease, Outcome.OK, "")
+        assert msgspec.structs.astuple(await sup.next()) == ("L", Outcome.OK, "", 2, 0)
