@@ -385,7 +385,7 @@ class Supervisor:
     def _refuse(self, front: _Front, req: int, exc: Exception) -> None:
         front.waiting.pop(req, None)
         if isinstance(exc, Rejected):
-            if exc.reason == RejectReason.RATE and self.settings.lease_handoff_runs > 1:
+            if exc.reason == RejectReason.RATE:
                 front.rate_refused[req] = None
                 if len(front.rate_refused) > _RATE_REFUSALS_KEPT:
                     front.rate_refused.popitem(last=False)

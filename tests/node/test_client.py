@@ -175,3 +175,30 @@ async def test_a_call_that_leaves_after_the_handoff_passes_the_lease_on(tmp_path
         assert await third is lease and lease.runs == 2 and lease.handoffs_left == 3  # the unused one came back
         client.release(lease, Outcome.OK, "")
         assert msgspec.structs.astuple(await sup.next()) == ("L", Outcome.OK, "", 2, 0)
+
+
+async def test_a_grant_that_crossed_a_handoff_serves_the_next_waiting_call(tmp_path: Path) -> None:
+    """The supervisor granted a call the front had just passed a lease to: the grant goes to the
+    front's next waiting call of the tenant (a handoff of its own), not back to the supervisor."""
+    t = tenant()
+    async with front(tmp_path) as (client, sup):
+        first = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r1 = await asked(sup)
+        sup.send(grant(r1.req, "L1", t.id, handoffs=3))
+        lease = await first
+        second = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r2 = await asked(sup)
+        third = asyncio.create_task(client.lease(t, 3.0, None, True))
+        r3 = await asked(sup)
+        client.release(lease, Outcome.OK, "")
+        assert await sup.next() == Handoff("L1", r2.req, 1.0)
+        assert await second is lease
+        sup.send(grant(r2.req, "L2", t.id, handoffs=3))  # crossed the handoff
+        assert await sup.next() == Handoff("L2", r3.req, 3.0)
+        got = await third
+        assert got.grant.lease_id == "L2" and got.runs == 1 and got.handoffs_left == 3 and got.hard_timeout_s == 3.0
+        for held in (lease, got):
+            client.release(held, Outcome.OK, "")
+            released = await sup.next()
+            assert isinstance(released, ReleaseLease) and released.runs == held.runs
+        assert sup.quiet()
