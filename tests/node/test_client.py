@@ -24,7 +24,7 @@ from app.contract.messages import (
     RefusalKind,
     ReleaseLease,
 )
-from app.node.client import RemoteLease, SupervisorClient
+from app.node.client import _HANDOFF_WAITING_MAX, RemoteLease, SupervisorClient
 from app.node.ipc import MessageProtocol, pack
 from app.services.principal import TenantPrincipal, TenantQuota
 
@@ -202,3 +202,25 @@ async def test_a_grant_that_crossed_a_handoff_serves_the_next_waiting_call(tmp_p
             released = await sup.next()
             assert isinstance(released, ReleaseLease) and released.runs == held.runs
         assert sup.quiet()
+
+
+async def test_a_front_with_many_calls_waiting_gives_the_lease_back(tmp_path: Path) -> None:
+    """Past `_HANDOFF_WAITING_MAX` waiting calls of the tenant the front's own loop would hold the
+    worker between runs: the lease goes back, and the supervisor's grants spread it."""
+    t = tenant()
+    async with front(tmp_path) as (client, sup):
+        first = asyncio.create_task(client.lease(t, 1.0, None, True))
+        r1 = await asked(sup)
+        sup.send(grant(r1.req, "L", t.id, handoffs=7))
+        lease = await first
+        waiting = [asyncio.create_task(client.lease(t, 1.0, None, True)) for _ in range(_HANDOFF_WAITING_MAX + 1)]
+        reqs = [await asked(sup) for _ in waiting]
+        client.release(lease, Outcome.OK, "")
+        assert await sup.next() == ReleaseLease("L", Outcome.OK, "", runs=1, unused=0)
+        sup.send(grant(reqs[0].req, "L2", t.id, handoffs=7))
+        second = await waiting[0]
+        client.release(second, Outcome.OK, "")  # now at the bound: passed on
+        assert await sup.next() == Handoff("L2", reqs[1].req, 1.0)
+        assert await waiting[1] is second
+        for w in waiting[2:]:
+            w.cancel()

@@ -33,31 +33,35 @@ async def _counts(client: httpx.AsyncClient) -> tuple[float, float]:
     return leases, samples(text, "tensorwasm_lease_handoffs_total")
 
 
-async def _calls(client: httpx.AsyncClient, key: dict[str, str], n: int) -> list[httpx.Response]:
-    return await asyncio.gather(*(client.post("/v1/functions/echo/invoke", headers=key, content=f"call {i}".encode()) for i in range(n)))
+async def _calls(client: httpx.AsyncClient, key: dict[str, str], fn: str, n: int) -> list[httpx.Response]:
+    return await asyncio.gather(*(client.post(f"/v1/functions/{fn}/invoke", headers=key) for _ in range(n)))
 
 
 async def test_a_busy_tenants_calls_in_one_front_pass_its_lease_on(node: tuple[Any, str]) -> None:
-    """max_concurrency 1: 16 calls at once through one front run one after another on one
-    worker, most of them on a lease passed on from the call before."""
+    """max_concurrency 1: waves of 5 calls at once through one front (4 waiting: within the
+    bound a front passes leases on under) run one after another on one worker, each after the
+    first of its wave on a lease passed on from the call before (a call runs ~20 ms, so the
+    others are waiting by then)."""
     proc, base = node
     a, b = await both_fronts(proc)
     async with http(base) as admin:
         tid, key = await new_tenant(admin, max_concurrency=1, requests_per_second=1000)
-        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        assert (await deploy(admin, key, "busy", wat("busy"))).status_code == 201
         leases0, handoffs0 = await _counts(admin)
         async with pinned(base, a, [a, b]) as warm:
-            assert (await warm.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
-        many = httpx.Limits(max_keepalive_connections=16, max_connections=16)
+            assert (await warm.post("/v1/functions/busy/invoke", headers=key)).status_code == 200
+        many = httpx.Limits(max_keepalive_connections=5, max_connections=5)
+        replies: list[httpx.Response] = []
         async with httpx.AsyncClient(base_url=base, timeout=60, limits=many) as on_a:
-            async with only(a, [a, b]):  # 16 connections, all accepted by front a
-                replies = await _calls(on_a, key, 16)
-        assert [(r.status_code, r.text) for r in replies] == [(200, f"call {i}") for i in range(16)]
+            async with only(a, [a, b]):  # 5 connections, all accepted by front a
+                for _ in range(4):
+                    replies += await _calls(on_a, key, "busy", 5)
+        assert [r.status_code for r in replies] == [200] * 20
         leases1, handoffs1 = await _counts(admin)
-        assert handoffs1 - handoffs0 >= 8, (handoffs0, handoffs1)
-        assert leases1 - leases0 + handoffs1 - handoffs0 == 17  # every call: a grant or a handoff
+        assert handoffs1 - handoffs0 >= 12, (handoffs0, handoffs1)
+        assert leases1 - leases0 + handoffs1 - handoffs0 == 21  # every call: a grant or a handoff
         workers = [w for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json() if w["tenant_id"] == tid]
-        assert len(workers) == 1 and workers[0]["invocations"] == 17  # the limit held: one worker did all
+        assert len(workers) == 1 and workers[0]["invocations"] == 21  # the limit held: one worker did all
         assert (await admin.get("/v1/usage", headers=key)).json()["running"] == 0
 
 
@@ -69,12 +73,13 @@ async def test_handoffs_keep_the_tenants_rate(node: tuple[Any, str]) -> None:
     rate = 5
     async with http(base) as admin:
         _, key = await new_tenant(admin, max_concurrency=1, requests_per_second=rate)
-        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        assert (await deploy(admin, key, "busy", wat("busy"))).status_code == 201
         _, handoffs0 = await _counts(admin)
-        many = httpx.Limits(max_keepalive_connections=20, max_connections=20)
+        many = httpx.Limits(max_keepalive_connections=5, max_connections=5)
         t0 = time.monotonic()
-        async with httpx.AsyncClient(base_url=base, timeout=60, limits=many) as client:
-            replies = await _calls(client, key, 40)
+        async with httpx.AsyncClient(base_url=base, timeout=60, limits=many) as on_a:
+            async with only(a, [a, b]):  # one front: the admitted calls wait there for each other
+                replies = await _calls(on_a, key, "busy", 40)
         elapsed = time.monotonic() - t0
         _, handoffs1 = await _counts(admin)
     codes = [r.status_code for r in replies]
@@ -86,7 +91,7 @@ async def test_handoffs_keep_the_tenants_rate(node: tuple[Any, str]) -> None:
 
 async def test_a_tenant_waiting_for_a_slot_gets_one_while_a_busy_tenant_passes_leases_on(node: tuple[Any, str]) -> None:
     """Two worker slots, none reserved: tenant t holds both, and front a passes t's leases on
-    (up to 1000 calls each) while t's calls wait there (8 callers, 2 running). Tenant u's call waits for a slot: t's leases are
+    (up to 1000 calls each) while t's calls wait there (6 callers, 2 running, 4 waiting). Tenant u's call waits for a slot: t's leases are
     recalled, so u runs while t still has calls waiting, not once t's flood is over."""
     proc, base = node
     a, b = await both_fronts(proc)
@@ -104,11 +109,11 @@ async def test_a_tenant_waiting_for_a_slot_gets_one_while_a_busy_tenant_passes_l
                 codes.append(r.status_code)
 
         _, handoffs0 = await _counts(admin)
-        many = httpx.Limits(max_keepalive_connections=8, max_connections=8)
+        many = httpx.Limits(max_keepalive_connections=6, max_connections=6)
         async with httpx.AsyncClient(base_url=base, timeout=60, limits=many) as on_a:
             async with only(a, [a, b]):
-                await asyncio.gather(*(on_a.get("/healthz") for _ in range(8)))  # 8 connections on front a
-            floods = [asyncio.create_task(flood(on_a)) for _ in range(8)]
+                await asyncio.gather(*(on_a.get("/healthz") for _ in range(6)))  # 6 connections on front a
+            floods = [asyncio.create_task(flood(on_a)) for _ in range(6)]
             try:
                 await asyncio.sleep(1.0)
                 assert (await _counts(admin))[1] > handoffs0, "the flood passes leases on"
