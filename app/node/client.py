@@ -8,7 +8,8 @@ the one the supervisor's deadline covers. A parked lease goes back after `idle_s
 at the end of its hold, and at once when the supervisor recalls it.
 
 Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease goes to this
-front's oldest call of the tenant still waiting for its own lease, if any, with a `Handoff` to
+front's oldest call of the tenant still waiting for its own lease, if any and if no more than
+`_HANDOFF_WAITING_MAX` wait, with a `Handoff` to
 the supervisor, which takes that call's request out of its queue. The waiting call was admitted
 when it asked (rate, queue), and its request stays asked: a grant that crosses the handoff is
 given back unused.
