@@ -11,8 +11,8 @@ Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease
 front's oldest call of the tenant still waiting for its own lease, if any and if no more than
 `_HANDOFF_WAITING_MAX` wait, with a `Handoff` to
 the supervisor, which takes that call's request out of its queue. The waiting call was admitted
-when it asked (rate, queue), and its request stays asked: a grant that crosses the handoff is
-given back unused.
+when it asked (rate, queue). A grant that crosses a handoff to its call serves the next waiting
+call the same way, or goes back unused.
 """
 
 from __future__ import annotations

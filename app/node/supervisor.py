@@ -27,8 +27,8 @@ the worker to its own oldest waiting call and says so (`Handoff`): that call's r
 queue here and takes over the slot, and the lease's deadline is set again for it. Each call was
 admitted when it asked (rate, queue); a busy tenant's worker then goes from call to call without
 a release and a grant between them. A front passes leases on only while few calls of the tenant
-wait in it (app/node/client.py says why). Within a tenant a front may serve its own calls before older
-ones of other fronts, at most `handoff runs` calls a lease; no handoff is granted, and those
+wait in it (app/node/client.py says why). Within a tenant a front may serve its own calls before
+older ones of other fronts, at most `handoff runs` calls a lease; no handoff is granted, and those
 granted are recalled, while another tenant's call waits for a worker slot or a call waits for a
 worker to be bound, so the fair share and evictions are untouched.
 
@@ -383,7 +383,8 @@ class Supervisor:
             return
         self._granted(front, msg, lease)
 
-    def _refuse(self, front: _Front, req: int, exc: Exception) -> None:
+    @staticmethod
+    def _refuse(front: _Front, req: int, exc: Exception) -> None:
         front.waiting.pop(req, None)
         if isinstance(exc, Rejected):
             if exc.reason == RejectReason.RATE:
@@ -438,7 +439,7 @@ class Supervisor:
             # so the rate takes it now (the tenant's next calls pay it back)
             del front.rate_refused[msg.req]
             self.scheduler.charge_rate(held.lease.tenant.principal.id)
-        # else: granted another lease meanwhile, which the front gives back unused
+        # else: granted another lease meanwhile, which the front passes on or gives back
         self._handoffs.inc()
         held.timer.cancel()
         loop = asyncio.get_running_loop()
