@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -89,21 +90,30 @@ async def asked(sup: Scripted) -> LeaseRequest:
     return msg
 
 
+async def granted(client: SupervisorClient, sup: Scripted, t: TenantPrincipal, lease_id: str, handoffs: int) -> RemoteLease:
+    """A call of `t` asks for a lease and the supervisor grants it at once."""
+    first = asyncio.create_task(client.lease(t, 1.0, None, True))
+    r = await asked(sup)
+    sup.send(grant(r.req, lease_id, t.id, handoffs))
+    lease = await first
+    assert isinstance(lease, RemoteLease)
+    return lease
+
+
+async def waiting(client: SupervisorClient, sup: Scripted, t: TenantPrincipal, timeout_s: float = 1.0) -> tuple[asyncio.Task[Any], LeaseRequest]:
+    """A call of `t` that asked for a lease and waits (the supervisor answers nothing yet)."""
+    task = asyncio.create_task(client.lease(t, timeout_s, None, True))
+    return task, await asked(sup)
+
+
 async def test_a_lease_goes_to_the_oldest_waiting_call_of_its_tenant(tmp_path: Path) -> None:
     t, other = tenant("t"), tenant("u")
     async with front(tmp_path) as (client, sup):
-        first = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r1 = await asked(sup)
-        sup.send(grant(r1.req, "L1", t.id, handoffs=2))
-        lease = await first
-        assert isinstance(lease, RemoteLease) and lease.handoffs_left == 2
-
-        waiting_other = asyncio.create_task(client.lease(other, 1.0, None, True))
-        r_other = await asked(sup)
-        second = asyncio.create_task(client.lease(t, 2.5, None, True))
-        r2 = await asked(sup)
-        third = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r3 = await asked(sup)
+        lease = await granted(client, sup, t, "L1", handoffs=2)
+        assert lease.handoffs_left == 2
+        waiting_other, r_other = await waiting(client, sup, other)
+        second, r2 = await waiting(client, sup, t, 2.5)
+        third, r3 = await waiting(client, sup, t)
 
         client.release(lease, Outcome.OK, "v1")  # the first call ends: its lease goes on
         assert await sup.next() == Handoff("L1", r2.req, 2.5)  # the oldest of its tenant, its timeout
@@ -135,13 +145,9 @@ async def test_a_lease_without_handoffs_a_recalled_one_or_a_failed_call_goes_bac
     t = tenant()
     async with front(tmp_path) as (client, sup):
         for handoffs, recall, outcome in ((0, False, Outcome.OK), (3, True, Outcome.OK), (3, False, Outcome.LOST)):
-            first = asyncio.create_task(client.lease(t, 1.0, None, True))
-            r1 = await asked(sup)
             lease_id = f"L-{handoffs}-{recall}-{outcome}"
-            sup.send(grant(r1.req, lease_id, t.id, handoffs))
-            lease = await first
-            waiter = asyncio.create_task(client.lease(t, 1.0, None, True))
-            r2 = await asked(sup)
+            lease = await granted(client, sup, t, lease_id, handoffs)
+            waiter, r2 = await waiting(client, sup, t)
             if recall:
                 sup.send(Recall([lease_id]))
                 await asyncio.sleep(0.05)
@@ -160,14 +166,9 @@ async def test_a_call_that_leaves_after_the_handoff_passes_the_lease_on(tmp_path
     made is not counted, and the lease goes to the next waiting call."""
     t = tenant()
     async with front(tmp_path) as (client, sup):
-        first = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r1 = await asked(sup)
-        sup.send(grant(r1.req, "L", t.id, handoffs=4))
-        lease = await first
-        second = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r2 = await asked(sup)
-        third = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r3 = await asked(sup)
+        lease = await granted(client, sup, t, "L", handoffs=4)
+        second, r2 = await waiting(client, sup, t)
+        third, r3 = await waiting(client, sup, t)
         client.release(lease, Outcome.OK, "")
         second.cancel()  # its lease arrived as it was cancelled
         assert await sup.next() == Handoff("L", r2.req, 1.0)
@@ -182,14 +183,9 @@ async def test_a_grant_that_crossed_a_handoff_serves_the_next_waiting_call(tmp_p
     front's next waiting call of the tenant (a handoff of its own), not back to the supervisor."""
     t = tenant()
     async with front(tmp_path) as (client, sup):
-        first = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r1 = await asked(sup)
-        sup.send(grant(r1.req, "L1", t.id, handoffs=3))
-        lease = await first
-        second = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r2 = await asked(sup)
-        third = asyncio.create_task(client.lease(t, 3.0, None, True))
-        r3 = await asked(sup)
+        lease = await granted(client, sup, t, "L1", handoffs=3)
+        second, r2 = await waiting(client, sup, t)
+        third, r3 = await waiting(client, sup, t, 3.0)
         client.release(lease, Outcome.OK, "")
         assert await sup.next() == Handoff("L1", r2.req, 1.0)
         assert await second is lease
@@ -209,18 +205,14 @@ async def test_a_front_with_many_calls_waiting_gives_the_lease_back(tmp_path: Pa
     worker between runs: the lease goes back, and the supervisor's grants spread it."""
     t = tenant()
     async with front(tmp_path) as (client, sup):
-        first = asyncio.create_task(client.lease(t, 1.0, None, True))
-        r1 = await asked(sup)
-        sup.send(grant(r1.req, "L", t.id, handoffs=7))
-        lease = await first
-        waiting = [asyncio.create_task(client.lease(t, 1.0, None, True)) for _ in range(_HANDOFF_WAITING_MAX + 1)]
-        reqs = [await asked(sup) for _ in waiting]
+        lease = await granted(client, sup, t, "L", handoffs=7)
+        calls = [await waiting(client, sup, t) for _ in range(_HANDOFF_WAITING_MAX + 1)]
         client.release(lease, Outcome.OK, "")
         assert await sup.next() == ReleaseLease("L", Outcome.OK, "", runs=1, unused=0)
-        sup.send(grant(reqs[0].req, "L2", t.id, handoffs=7))
-        second = await waiting[0]
+        sup.send(grant(calls[0][1].req, "L2", t.id, handoffs=7))
+        second = await calls[0][0]
         client.release(second, Outcome.OK, "")  # now at the bound: passed on
-        assert await sup.next() == Handoff("L2", reqs[1].req, 1.0)
-        assert await waiting[1] is second
-        for w in waiting[2:]:
-            w.cancel()
+        assert await sup.next() == Handoff("L2", calls[1][1].req, 1.0)
+        assert await calls[1][0] is second
+        for task, _ in calls[2:]:
+            task.cancel()
