@@ -401,19 +401,24 @@ class SupervisorClient:
         """Pass the lease to this front's oldest call of its tenant that waits for a lease."""
         if lease.handoffs_left <= 0 or lease.recalled or self._writer is None:
             return False
-        if len(self._asked.get(lease.grant.token.tenant_id, ())) > _HANDOFF_WAITING_MAX:
+        tenant_id = lease.grant.token.tenant_id
+        if len(self._asked.get(tenant_id, ())) > _HANDOFF_WAITING_MAX:
             return False  # a busy front: grants serve the worker better (_HANDOFF_WAITING_MAX)
-        waiting = self._oldest_waiting(lease.grant.token.tenant_id)
+        waiting = self._oldest_waiting(tenant_id)
         if waiting is None:
             return False
-        req, fut, hard_timeout_s = waiting
         lease.handoffs_left -= 1
         lease.runs += 1
         lease.handed = True
-        lease.hard_timeout_s = hard_timeout_s  # what the supervisor's deadline covers now
+        self._give(lease, *waiting)
+        return True
+
+    def _give(self, lease: RemoteLease, req: int, fut: asyncio.Future[NodeMessage | RemoteLease], hard_timeout_s: float) -> None:
+        """Hand `lease` to the waiting call `req` and tell the supervisor, whose deadline then
+        covers that call's hard timeout."""
+        lease.hard_timeout_s = hard_timeout_s
         self._send(Handoff(lease.grant.lease_id, req, hard_timeout_s))
         fut.set_result(lease)
-        return True
 
     def _pass_grant(self, grant: Granted) -> bool:
         """A grant whose call no longer needs it (served by a handoff as the grant came, or gone)
@@ -426,10 +431,7 @@ class SupervisorClient:
         waiting = self._oldest_waiting(grant.token.tenant_id)
         if waiting is None:
             return False
-        req, fut, hard_timeout_s = waiting
-        lease = self._remote(grant, hard_timeout_s)
-        self._send(Handoff(grant.lease_id, req, hard_timeout_s))
-        fut.set_result(lease)
+        self._give(self._remote(grant, waiting[2]), *waiting)
         return True
 
     def _may_keep(self, lease: RemoteLease) -> bool:

@@ -411,10 +411,9 @@ class Supervisor:
             handoffs = 0
         # the front times each call itself; this is the backstop for a front that never answers
         # (it starts no call on a held lease past hold_s, and each call ends by its hard timeout)
-        loop = asyncio.get_running_loop()
-        grace = self.settings.hard_timeout_grace_ms / 1000
-        timer = loop.call_later(hold_s + msg.hard_timeout_s + grace, self._overdue, front, lease.id)
-        front.leases[lease.id] = _Held(lease, timer, loop.time() + hold_s if hold_s > 0 else 0.0, handoffs > 0)
+        now = asyncio.get_running_loop().time()
+        timer = self._deadline(front, lease.id, now + hold_s, msg.hard_timeout_s)
+        front.leases[lease.id] = _Held(lease, timer, now + hold_s if hold_s > 0 else 0.0, handoffs > 0)
         (self._granted_held if hold_s > 0 else self._granted_one).inc()
         w = lease.worker
         assert w.socket_path is not None
@@ -442,9 +441,14 @@ class Supervisor:
         # else: granted another lease meanwhile, which the front passes on or gives back
         self._handoffs.inc()
         held.timer.cancel()
-        loop = asyncio.get_running_loop()
-        start = max(loop.time(), held.hold_until)
-        held.timer = loop.call_at(start + msg.hard_timeout_s + self.settings.hard_timeout_grace_ms / 1000, self._overdue, front, msg.lease_id)
+        held.timer = self._deadline(front, msg.lease_id, max(asyncio.get_running_loop().time(), held.hold_until), msg.hard_timeout_s)
+
+    def _deadline(self, front: _Front, lease_id: str, last_start: float, hard_timeout_s: float) -> asyncio.TimerHandle:
+        """The backstop for a front that never answers: a call may start on the lease until
+        `last_start` (event-loop time) and ends by its hard timeout; past both and the grace,
+        its worker is killed."""
+        grace = self.settings.hard_timeout_grace_ms / 1000
+        return asyncio.get_running_loop().call_at(last_start + hard_timeout_s + grace, self._overdue, front, lease_id)
 
     def _recall(self, principal: TenantPrincipal) -> None:
         """A call of this tenant has to wait: recall the held leases that could serve it (its

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
@@ -36,13 +39,19 @@ class _Calls:
         return s.queue_lease(p, lambda lease: self.granted.append((n, lease)), lambda exc: self.failed.append((n, exc)))
 
 
-async def test_queued_calls_take_the_released_worker_in_arrival_order_without_a_task(app_factory) -> None:
-    async with app_factory(max_workers=2, queue_wait_ms=5000) as (_, platform):
+@asynccontextmanager
+async def _leased(app_factory: Any, max_concurrency: int = 1, **settings: Any) -> AsyncIterator[tuple[Scheduler, TenantPrincipal, Lease, _Calls]]:
+    """A scheduler whose one tenant holds a lease (its first call, which binds its worker), and
+    the callbacks of the calls the test queues behind it."""
+    async with app_factory(**settings) as (_, platform):
         s: Scheduler = platform.scheduler
-        p = _principal(max_concurrency=1)
-        first = await s.lease(p)  # binds the tenant's worker
+        p = _principal(max_concurrency=max_concurrency)
+        yield s, p, await s.lease(p), _Calls()
+
+
+async def test_queued_calls_take_the_released_worker_in_arrival_order_without_a_task(app_factory) -> None:
+    async with _leased(app_factory, max_workers=2, queue_wait_ms=5000) as (s, p, first, calls):  # first binds the worker
         tasks = len(asyncio.all_tasks())
-        calls = _Calls()
         queued = [calls.queue(s, p, n) for n in range(3)]
         assert [w.state for w in queued] == [WaitState.QUEUED] * 3 and calls.granted == []
         assert len(asyncio.all_tasks()) == tasks  # a timer each, no task
@@ -58,11 +67,7 @@ async def test_queued_calls_take_the_released_worker_in_arrival_order_without_a_
 
 
 async def test_the_queue_wait_refuses_a_call_and_leaves_nothing_held(app_factory) -> None:
-    async with app_factory(max_workers=2, queue_wait_ms=100) as (_, platform):
-        s: Scheduler = platform.scheduler
-        p = _principal(max_concurrency=1)
-        running = await s.lease(p)
-        calls = _Calls()
+    async with _leased(app_factory, max_workers=2, queue_wait_ms=100) as (s, p, running, calls):
         waiting = calls.queue(s, p, 0)
         await asyncio.sleep(0.3)
         assert waiting.state == WaitState.FAILED and calls.granted == []
@@ -74,11 +79,7 @@ async def test_the_queue_wait_refuses_a_call_and_leaves_nothing_held(app_factory
 
 
 async def test_a_withdrawn_call_gives_its_place_to_the_next(app_factory) -> None:
-    async with app_factory(max_workers=2, queue_wait_ms=5000) as (_, platform):
-        s: Scheduler = platform.scheduler
-        p = _principal(max_concurrency=1)
-        running = await s.lease(p)
-        calls = _Calls()
+    async with _leased(app_factory, max_workers=2, queue_wait_ms=5000) as (s, p, running, calls):
         gone, next_one = calls.queue(s, p, 0), calls.queue(s, p, 1)
         s.withdraw(gone)
         assert gone.state == WaitState.WITHDRAWN and gone.timer is not None and gone.timer.cancelled()
@@ -91,11 +92,7 @@ async def test_a_withdrawn_call_gives_its_place_to_the_next(app_factory) -> None
 
 
 async def test_a_full_queue_refuses_at_once(app_factory) -> None:
-    async with app_factory(max_workers=2, queue_wait_ms=5000, queue_limit=2) as (_, platform):
-        s: Scheduler = platform.scheduler
-        p = _principal(max_concurrency=1)
-        running = await s.lease(p)
-        calls = _Calls()
+    async with _leased(app_factory, max_workers=2, queue_wait_ms=5000, queue_limit=2) as (s, p, running, calls):
         queued = [calls.queue(s, p, n) for n in range(2)]
         with pytest.raises(Rejected) as refused:
             calls.queue(s, p, 2)
@@ -107,11 +104,7 @@ async def test_a_full_queue_refuses_at_once(app_factory) -> None:
 
 
 async def test_a_slot_with_no_idle_worker_binds_one_in_a_task(app_factory) -> None:
-    async with app_factory(max_workers=3, warm_spares=1, queue_wait_ms=5000) as (_, platform):
-        s: Scheduler = platform.scheduler
-        p = _principal(max_concurrency=2)
-        first = await s.lease(p)
-        calls = _Calls()
+    async with _leased(app_factory, max_concurrency=2, max_workers=3, warm_spares=1, queue_wait_ms=5000) as (s, p, first, calls):
         waiting = calls.queue(s, p, 0)  # a slot is free, the tenant's one worker is busy
         assert waiting.state == WaitState.BINDING and waiting.task is not None
         await asyncio.wait_for(waiting.task, 10)
@@ -123,11 +116,7 @@ async def test_a_slot_with_no_idle_worker_binds_one_in_a_task(app_factory) -> No
 
 
 async def test_a_call_withdrawn_while_its_worker_binds_gives_its_slot_back(app_factory) -> None:
-    async with app_factory(max_workers=3, warm_spares=1, queue_wait_ms=5000) as (_, platform):
-        s: Scheduler = platform.scheduler
-        p = _principal(max_concurrency=2)
-        first = await s.lease(p)
-        calls = _Calls()
+    async with _leased(app_factory, max_concurrency=2, max_workers=3, warm_spares=1, queue_wait_ms=5000) as (s, p, first, calls):
         waiting = calls.queue(s, p, 0)
         assert waiting.state == WaitState.BINDING and s.fair.running(p.id) == 2
         task = waiting.task
