@@ -253,11 +253,19 @@ class ReleaseLease(_N, tag="release"):
     unused: int = 0  # runs granted and paid for but not made: given back to the tenant's rate
 
 
+class Queued(_N, tag="queued"):
+    """Supervisor -> front, with handoffs on: lease request `req` was admitted (rate, queue limit)
+    and waits for a worker. Only such a request may be handed a lease by its front (`Handoff`): one
+    the rate refused must never run, and its refusal may still be on the way."""
+
+    req: int
+
+
 class Handoff(_N, tag="handoff"):
     """Front -> supervisor: the lease's call ended cleanly and the front passed the lease to its
-    own queued request `req` of the same tenant, whose call runs on it now (hard timeout
-    `hard_timeout_s`). The request leaves the supervisor's queue; the slot goes with the lease.
-    Sent before the run, so the supervisor's deadline covers it."""
+    own request `req` of the same tenant, which the supervisor said was `Queued`, whose call runs
+    on it now (hard timeout `hard_timeout_s`). The request leaves the supervisor's queue; the slot
+    goes with the lease. Sent before the run, so the supervisor's deadline covers it."""
 
     lease_id: str
     req: int
@@ -391,7 +399,7 @@ class Changed(_N, tag="changed"):
 
 
 NodeMessage = (
-    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | Handoff | Recall | CompileSlot | SlotGranted | CompileDone
+    Hello | LeaseRequest | Granted | Queued | Refusal | ReleaseLease | Handoff | Recall | CompileSlot | SlotGranted | CompileDone
     | RateCheck | RateOk | View | ViewReply | Changed
 )
 

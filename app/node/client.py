@@ -8,10 +8,9 @@ the one the supervisor's deadline covers. A parked lease goes back after `idle_s
 at the end of its hold, and at once when the supervisor recalls it.
 
 Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease goes to this
-front's oldest call of the tenant still waiting for its own lease, if any and if no more than
-`_HANDOFF_WAITING_MAX` wait, with a `Handoff` to
-the supervisor, which takes that call's request out of its queue. The waiting call was admitted
-when it asked (rate, queue). A grant that crosses a handoff to its call serves the next waiting
+front's oldest call of the tenant still waiting for its own lease that the supervisor admitted
+(`Queued`: rate, queue limit), if any and if no more than `_HANDOFF_WAITING_MAX` wait, with a
+`Handoff` to the supervisor, which takes that call's request out of its queue. A grant that crosses a handoff to its call serves the next waiting
 call the same way, or goes back unused.
 """
 
@@ -41,6 +40,7 @@ from app.contract.messages import (
     NodeMessage,
     Outcome,
     Principal,
+    Queued,
     Quota,
     RateCheck,
     RateOk,
@@ -153,6 +153,7 @@ class SupervisorClient:
         self._principals: dict[int, tuple[TenantPrincipal, Principal]] = {}
         # lease requests asked and not answered, by tenant id, oldest first: what a handoff serves
         self._asked: dict[str, dict[int, tuple[asyncio.Future[NodeMessage | RemoteLease], float]]] = {}
+        self._queued: set[int] = set()  # those of them the supervisor admitted (`Queued`)
 
     # -- connection -----------------------------------------------------------------------------
     async def connect(self, on_change: ChangeHandler | None = None, front: int = 0) -> None:
@@ -188,6 +189,10 @@ class SupervisorClient:
                     continue
                 if isinstance(msg, Recall):
                     self._recalled(msg.lease_ids)
+                    continue
+                if isinstance(msg, Queued):
+                    if msg.req in self._pending:
+                        self._queued.add(msg.req)
                     continue
                 req = getattr(msg, "req", None)
                 fut = self._pending.pop(req, None) if req is not None else None
@@ -326,6 +331,7 @@ class SupervisorClient:
             raise
         finally:
             self._pending.pop(req, None)
+            self._queued.discard(req)
             if asked.pop(req, None) is not None and not asked:
                 self._asked.pop(principal.id, None)
 
@@ -384,18 +390,22 @@ class SupervisorClient:
 
     # -- held leases ----------------------------------------------------------------------------
     def _oldest_waiting(self, tenant_id: str) -> tuple[int, asyncio.Future[NodeMessage | RemoteLease], float] | None:
-        """Take this front's oldest call of the tenant still waiting for a lease (its request,
-        its future, its hard timeout); the supervisor's answer to it, if any, is handed back."""
+        """Take this front's oldest call of the tenant that the supervisor admitted and that still
+        waits for a lease (its request, its future, its hard timeout); the supervisor's answer to
+        it, if any, is handed back. A request not yet `Queued` may be refused for the rate: it
+        must not run."""
         asked = self._asked.get(tenant_id)
-        while asked:
-            req = next(iter(asked))
-            fut, hard_timeout_s = asked.pop(req)
-            if not asked:
-                del self._asked[tenant_id]
-            self._pending.pop(req, None)
-            if not fut.done():
-                return req, fut, hard_timeout_s
-        return None
+        if not asked:
+            return None
+        req = next((r for r, (fut, _) in asked.items() if r in self._queued and not fut.done()), None)
+        if req is None:
+            return None
+        fut, hard_timeout_s = asked.pop(req)
+        if not asked:
+            del self._asked[tenant_id]
+        self._pending.pop(req, None)
+        self._queued.discard(req)
+        return req, fut, hard_timeout_s
 
     def _hand_off(self, lease: RemoteLease) -> bool:
         """Pass the lease to this front's oldest call of its tenant that waits for a lease."""

@@ -24,8 +24,8 @@ So FIFO within a tenant, the fair share and evictions work as before.
 Handoffs under load: a lease may also carry up to `TENSORWASM_LEASE_HANDOFF_RUNS` calls when its
 front has more calls of the tenant waiting (`Granted.handoffs`). As a call ends, the front passes
 the worker to its own oldest waiting call and says so (`Handoff`): that call's request leaves the
-queue here and takes over the slot, and the lease's deadline is set again for it. Each call was
-admitted when it asked (rate, queue); a busy tenant's worker then goes from call to call without
+queue here and takes over the slot, and the lease's deadline is set again for it. Only a request
+admitted here (rate, queue limit) and said so (`Queued`) may be handed a lease; a busy tenant's worker then goes from call to call without
 a release and a grant between them. A front passes leases on only while few calls of the tenant
 wait in it (app/node/client.py says why). Within a tenant a front may serve its own calls before
 older ones of other fronts, at most `handoff runs` calls a lease; no handoff is granted, and those
@@ -63,7 +63,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from app.contract.errors import NoCapacity, Rejected, RejectReason
+from app.contract.errors import NoCapacity, Rejected
 from app.contract.frames import ProtocolError
 from app.contract.messages import (
     Changed,
@@ -78,6 +78,7 @@ from app.contract.messages import (
     NodeMessage,
     Outcome,
     Principal,
+    Queued,
     RateCheck,
     RateOk,
     Recall,
@@ -106,7 +107,6 @@ log = logging.getLogger(__name__)
 
 
 RUN_DIR_PREFIX = "tensorwasm-node-"
-_RATE_REFUSALS_KEPT = 4096  # per front: far more than it can have asked for and not yet heard of
 
 
 def sweep_run_dirs(base: Path) -> None:
@@ -156,9 +156,6 @@ class _Front:
     compiling: collections.Counter[str] = field(default_factory=collections.Counter)  # compile slots held, by tenant
     asking: set[asyncio.Task[None]] = field(default_factory=set)
     waiting: dict[int, Waiting] = field(default_factory=dict)  # queued lease requests, by req
-    leasing: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # the same, traced: waits in tasks
-    # requests refused for the rate lately: a handoff that crossed such a refusal is charged
-    rate_refused: collections.OrderedDict[int, None] = field(default_factory=collections.OrderedDict)
     closed: bool = False
 
     def send(self, msg: NodeMessage) -> None:
@@ -353,14 +350,8 @@ class Supervisor:
         if self.tracing.enabled:  # the wait in a task, so that its span covers it
             task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
             front.asking.add(task)
-            front.leasing[msg.req] = task
-
-            def done(t: asyncio.Task[None]) -> None:
-                front.asking.discard(t)
-                front.leasing.pop(msg.req, None)
-
-            task.add_done_callback(done)
-            return
+            task.add_done_callback(front.asking.discard)
+            return  # never `Queued`: a traced call waits for its own grant
         # no task while it waits: the release that frees a slot grants it (Scheduler.queue_lease)
         try:
             waiting = self.scheduler.queue_lease(
@@ -373,6 +364,8 @@ class Supervisor:
             return
         if waiting.pending:  # else granted or refused already
             front.waiting[msg.req] = waiting
+            if self.settings.lease_handoff_runs > 1:
+                front.send(Queued(msg.req))  # admitted: its front may hand it a lease
 
     async def _lease(self, front: _Front, msg: LeaseRequest, principal: TenantPrincipal) -> None:
         try:
@@ -387,10 +380,6 @@ class Supervisor:
     def _refuse(front: _Front, req: int, exc: Exception) -> None:
         front.waiting.pop(req, None)
         if isinstance(exc, Rejected):
-            if exc.reason == RejectReason.RATE:
-                front.rate_refused[req] = None
-                if len(front.rate_refused) > _RATE_REFUSALS_KEPT:
-                    front.rate_refused.popitem(last=False)
             front.send(Refusal(req, RefusalKind.REJECTED, exc.message, exc.reason.value, exc.retry_after))
         else:
             front.send(Refusal(req, RefusalKind.NO_CAPACITY, str(exc)))
@@ -428,17 +417,10 @@ class Supervisor:
         if held is None:
             return  # taken back at its deadline: the worker is gone, and the call fails with it
         waiting = front.waiting.pop(msg.req, None)
-        task = front.leasing.pop(msg.req, None)
         if waiting is not None:
             self.scheduler.withdraw(waiting)
-        elif task is not None:
-            task.cancel()  # a traced wait: Scheduler.lease gives back whatever it holds
-        elif msg.req in front.rate_refused:
-            # refused for the rate as the front passed the lease on: the call ran all the same,
-            # so the rate takes it now (the tenant's next calls pay it back)
-            del front.rate_refused[msg.req]
-            self.scheduler.charge_rate(held.lease.tenant.principal.id)
-        # else: granted another lease meanwhile, which the front passes on or gives back
+        # else: granted another lease meanwhile (the front passes it on or gives it back), or
+        # refused at its queue wait as the handoff came: it was admitted, and runs all the same
         self._handoffs.inc()
         held.timer.cancel()
         held.timer = self._deadline(front, msg.lease_id, max(asyncio.get_running_loop().time(), held.hold_until), msg.hard_timeout_s)

@@ -35,11 +35,6 @@ class TokenBucket:
         self.tokens -= got
         return got
 
-    def charge(self) -> None:
-        """Take one token even when there is none (a debt the refill pays first)."""
-        self._refill()
-        self.tokens -= 1.0
-
     def give_back(self, n: int) -> None:
         """Return tokens taken for calls that were not made."""
         self._refill()

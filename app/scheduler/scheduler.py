@@ -645,14 +645,6 @@ class Scheduler:
         # unique on this node is enough: a front proves its lease with the token, not the id
         return Lease(f"{self._node_tag}-{next(self._lease_seq):x}", w, ts, ticket, w.kernels_version)
 
-    def charge_rate(self, tenant_id: str) -> None:
-        """Take one call from the tenant's rate even past empty (the bucket goes into debt and
-        refuses calls until it refills): for a call that ran without being admitted against
-        the rate (a handoff that crossed its request's rate refusal)."""
-        ts = self.tenants.get(tenant_id)
-        if ts is not None:
-            ts.bucket.charge()
-
     def contended(self, tenant_id: str) -> bool:
         """Another tenant's call waits for a worker slot (not for its own limits), or a call
         waits for a worker to be bound: what a lease of `tenant_id` kept busy may hold up."""

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
+from app.contract.errors import Rejected
 from app.contract.messages import (
     Granted,
     Handoff,
@@ -20,6 +22,7 @@ from app.contract.messages import (
     LeaseToken,
     NodeMessage,
     Outcome,
+    Queued,
     Recall,
     Refusal,
     RefusalKind,
@@ -100,10 +103,19 @@ async def granted(client: SupervisorClient, sup: Scripted, t: TenantPrincipal, l
     return lease
 
 
-async def waiting(client: SupervisorClient, sup: Scripted, t: TenantPrincipal, timeout_s: float = 1.0) -> tuple[asyncio.Task[Any], LeaseRequest]:
-    """A call of `t` that asked for a lease and waits (the supervisor answers nothing yet)."""
+async def waiting(
+    client: SupervisorClient, sup: Scripted, t: TenantPrincipal, timeout_s: float = 1.0, queued: bool = True
+) -> tuple[asyncio.Task[Any], LeaseRequest]:
+    """A call of `t` that asked for a lease and waits; `queued`: the supervisor said it admitted it."""
     task = asyncio.create_task(client.lease(t, timeout_s, None, True))
-    return task, await asked(sup)
+    r = await asked(sup)
+    if queued:
+        sup.send(Queued(r.req))
+        for _ in range(100):  # until the front has read it
+            if r.req in client._queued:
+                break
+            await asyncio.sleep(0.01)
+    return task, r
 
 
 async def test_a_lease_goes_to_the_oldest_waiting_call_of_its_tenant(tmp_path: Path) -> None:
@@ -216,3 +228,21 @@ async def test_a_front_with_many_calls_waiting_gives_the_lease_back(tmp_path: Pa
         assert await calls[1][0] is second
         for task, _ in calls[2:]:
             task.cancel()
+
+
+async def test_a_call_the_supervisor_has_not_admitted_yet_is_never_handed_a_lease(tmp_path: Path) -> None:
+    """Until `Queued` comes, a waiting call's request may still be refused for the rate (the
+    refusal on its way): the lease passes it by, to an admitted call behind it or back."""
+    t = tenant()
+    async with front(tmp_path) as (client, sup):
+        lease = await granted(client, sup, t, "L", handoffs=3)
+        unknown, r_unknown = await waiting(client, sup, t, queued=False)
+        admitted, r_admitted = await waiting(client, sup, t)
+        client.release(lease, Outcome.OK, "")
+        assert await sup.next() == Handoff("L", r_admitted.req, 1.0)  # the older one is passed by
+        assert await admitted is lease
+        sup.send(Refusal(r_unknown.req, RefusalKind.REJECTED, "over its rate", "rate", 1))
+        with pytest.raises(Rejected):
+            await unknown
+        client.release(lease, Outcome.OK, "")  # nobody admitted waits: back it goes
+        assert await sup.next() == ReleaseLease("L", Outcome.OK, "", runs=2, unused=0)

@@ -34,13 +34,3 @@ def test_paying_ahead_leaves_the_lower_half_and_what_is_given_back_returns(clock
     b.give_back(100)
     assert b.tokens == b.capacity  # never past the burst
 
-
-def test_a_call_charged_past_empty_is_paid_back_before_the_next_one(clock: list[float]) -> None:
-    b = TokenBucket(5)
-    assert [b.take() for _ in range(10)] == [0.0] * 10
-    b.charge()  # a handoff that crossed its rate refusal ran all the same
-    assert b.take() == pytest.approx(0.4)  # the debt first, then the next call's own token
-    clock[0] += 0.2
-    assert b.take() == pytest.approx(0.2)
-    clock[0] += 0.2
-    assert b.take() == 0.0
