@@ -10,7 +10,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.helpers import ADMIN, ADMIN_TOKEN, GUESTS, build_c, compile_bomb, deploy, descendants, new_tenant, process_alive, server_process, wat
+from tests.helpers import ADMIN, ADMIN_TOKEN, compile_bomb, deploy, descendants, new_tenant, process_alive, server_process, wat
 from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until, written
 
 
@@ -95,10 +95,10 @@ async def test_a_caller_that_goes_away_stops_its_guest_and_the_worker_stays(node
         assert samples((await admin.get("/metrics")).text, "tensorwasm_worker_restarts_total") == before
 
 
-async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], tmp_path: Path) -> None:
+async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], c_guest: Callable[[str], bytes]) -> None:
     proc, base = node
     a, b = await both_fronts(proc)
-    spin = build_c(GUESTS / "spin.c", tmp_path)
+    spin = c_guest("spin.c")
     async with http(base) as admin:
         doomed_tid, doomed = await new_tenant(admin, timeout_ms=60_000)
         assert (await deploy(admin, doomed, "loop", wat("loop"))).status_code == 201
