@@ -10,14 +10,11 @@ at the end of its hold, and at once when the supervisor recalls it.
 Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease goes to this
 front's oldest call of the tenant still waiting for its own lease that the supervisor admitted
 (`Queued`: rate, queue limit), if any and if no more than `_HANDOFF_WAITING_MAX` wait, with a
-`Handoff` to the supervisor, which takes that call's request out of its queue. A grant that
-crosses a handoff to its call serves the next waiting call the same way, or goes back unused.
-
-Runs sent ahead (`PreparedRun`): a waiting call's run goes to its worker as its lease arrives,
-from the callback that brings it (the reply of the call that passed it on, or the supervisor's
-grant read off its socket), on the ending call's connection or a pooled one, not once the call's
-own coroutine has its turn of the loop; the rest of the ending call (its record, its reply) comes
-after. So a worker waits for a front's loop once per run, not twice or three times.
+`Handoff` to the supervisor, which takes that call's request out of its queue. The waiting
+call's run goes to the worker there and then, on the connection the ending call used
+(`PreparedRun`), before the rest of the ending call (its record, its reply) and before the
+waiting call's turn in the event loop. A grant that crosses a handoff to its call serves the next
+waiting call the same way, or goes back unused.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import cast
 
 from app.contract.errors import NoCapacity, Rejected, SupervisorGone
 from app.contract.frames import ProtocolError, encode, read_frame_async
@@ -224,10 +220,7 @@ class SupervisorClient:
                 req = getattr(msg, "req", None)
                 fut = self._pending.pop(req, None) if req is not None else None
                 if fut is not None and not fut.done():
-                    if isinstance(msg, Granted):  # a lease request's future: see _ask_lease
-                        cast("asyncio.Future[NodeMessage | RemoteLease]", fut).set_result(self._started(msg, msg.req))
-                    else:
-                        fut.set_result(msg)
+                    fut.set_result(msg)
                 else:
                     self._hand_back(msg)
         except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
@@ -328,24 +321,14 @@ class SupervisorClient:
                         pass
                 return held
         msg = await self._ask_lease(principal, hard_timeout_s, traceparent, check_rate, prepared)
-        if isinstance(msg, RemoteLease):  # passed on by the tenant's previous call here, or granted with its run sent
-            if msg.handed and self.tracing is not None and self.tracing.enabled:
+        if isinstance(msg, RemoteLease):  # passed on by the tenant's previous call here
+            if self.tracing is not None and self.tracing.enabled:
                 with self.tracing.span("scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.lease.handoff": True}):
                     pass
             return msg
         if not isinstance(msg, Granted):
             raise self._refused(msg)
         return self._remote(msg, hard_timeout_s)
-
-    def _started(self, grant: Granted, req: int) -> Granted | RemoteLease:
-        """A grant for a waiting call: its lease, the call's run already sent where a pooled
-        connection to the worker allows (`_send_ahead`); else the grant, for the call to start."""
-        waiting = self._asked.get(grant.token.tenant_id, {}).get(req)
-        if waiting is None or waiting.prepared is None or not self._pool.get(grant.worker_id):
-            return grant
-        lease = self._remote(grant, waiting.hard_timeout_s)
-        self._send_ahead(lease, waiting, None)
-        return lease if lease.sent else grant
 
     def _remote(self, grant: Granted, hard_timeout_s: float) -> RemoteLease:
         lease = RemoteLease(
@@ -478,26 +461,14 @@ class SupervisorClient:
         covers that call's hard timeout; with `conn`, send that call's run on it now."""
         lease.hard_timeout_s = waiting.hard_timeout_s
         self._send(Handoff(lease.grant.lease_id, req, waiting.hard_timeout_s))
-        self._send_ahead(lease, waiting, conn)
+        if conn is not None and waiting.prepared is not None and not conn.writer.is_closing():
+            run, body = waiting.prepared(lease)
+            lease.send(conn, run, body)
+            lease.sent = True
+            lease.kernels = run.kernels_version  # what the worker holds once it has run it
+        elif conn is not None:
+            self._park(lease.grant.worker_id, conn)
         waiting.fut.set_result(lease)
-
-    def _send_ahead(self, lease: RemoteLease, waiting: _Asked, conn: _Conn | None) -> None:
-        """Send the waiting call's run on `conn` (else on a pooled connection to the worker) now,
-        if it has one prepared; an unused `conn` goes to the pool."""
-        if waiting.prepared is None:
-            if conn is not None:
-                self._park(lease.grant.worker_id, conn)
-            return
-        if conn is None or conn.writer.is_closing():
-            if conn is not None:
-                conn.close()
-            conn = self._from_pool(lease.grant.worker_id)
-            if conn is None:
-                return  # the call opens a connection itself
-        run, body = waiting.prepared(lease)
-        lease.send(conn, run, body)
-        lease.sent = True
-        lease.kernels = run.kernels_version  # what the worker holds once it has run it
 
     def _pass_grant(self, grant: Granted) -> bool:
         """A grant whose call no longer needs it (served by a handoff as the grant came, or gone)
@@ -626,21 +597,15 @@ class SupervisorClient:
 
     # -- worker connections ---------------------------------------------------------------------
     async def worker_conn(self, grant: Granted) -> _Conn:
-        conn = self._from_pool(grant.worker_id)
-        if conn is not None:
-            return conn
-        reader, writer = await asyncio.open_unix_connection(grant.socket, limit=1 << 20)
-        return _Conn(reader, writer)
-
-    def _from_pool(self, worker_id: str) -> _Conn | None:
-        conns = self._pool.get(worker_id)
+        conns = self._pool.get(grant.worker_id)
         while conns:
             conn = conns.pop()
             self._pooled -= 1
-            if not conn.reader.at_eof() and not conn.writer.is_closing():
+            if not conn.reader.at_eof():
                 return conn
             conn.close()
-        return None
+        reader, writer = await asyncio.open_unix_connection(grant.socket, limit=1 << 20)
+        return _Conn(reader, writer)
 
     def _park(self, worker_id: str, conn: _Conn) -> None:
         while self._pooled >= _POOL_LIMIT and self._pool:  # oldest worker first: retired ones age out

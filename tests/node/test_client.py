@@ -272,33 +272,6 @@ async def test_a_handoff_sends_the_waiting_calls_run_at_once(tmp_path: Path) -> 
         assert msgspec.structs.astuple(await sup.next()) == ("L", Outcome.OK, "v2", 2, 0)
 
 
-async def test_a_grant_sends_the_calls_run_on_a_pooled_connection_as_it_is_read(tmp_path: Path) -> None:
-    """A grant read off the supervisor's socket sends its call's run on a pooled connection to
-    the worker from that callback; with no such connection the call opens one itself."""
-    t = tenant()
-    async with front(tmp_path) as (client, sup), worker(tmp_path) as w:
-        first = asyncio.create_task(client.lease(t, 1.0, None, True, lambda lease: (run("one"), b"1")))
-        sup.send(grant((await asked(sup)).req, "L1", t.id, handoffs=0, socket=w.path))
-        lease = await first
-        assert not lease.sent  # no connection to that worker yet
-        await lease.exchange(run("one"), b"1")
-        client.release(lease, Outcome.OK, "v1")  # its connection goes to the pool
-        assert isinstance(await sup.next(), ReleaseLease)
-
-        second = asyncio.create_task(client.lease(t, 1.0, None, True, lambda lease: (run("two", "v1"), b"2")))
-        sup.send(grant((await asked(sup)).req, "L2", t.id, handoffs=0, socket=w.path))
-        lease2 = await second
-        assert lease2.sent and lease2.grant.lease_id == "L2"
-        assert (await asyncio.wait_for(w.runs.get(), 5))[0].invocation_id == "one"
-        sent, body = await asyncio.wait_for(w.runs.get(), 5)
-        assert (sent.invocation_id, body, sent.lease) == ("two", b"2", lease2.grant.token)
-        reply, out = await lease2.exchange(run("two", "v1"), b"2")  # not sent again
-        assert isinstance(reply, Result) and out == b"2"
-        await asyncio.sleep(0.05)
-        assert w.runs.empty()
-        client.release(lease2, Outcome.OK, "v1")
-
-
 async def test_a_call_that_leaves_after_its_run_was_sent_is_stopped(tmp_path: Path) -> None:
     """The caller of a call whose run went out with the handoff went away before it resumed:
     its guest is stopped (the connection half-closed) and the lease goes back once the worker
