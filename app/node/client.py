@@ -10,11 +10,8 @@ at the end of its hold, and at once when the supervisor recalls it.
 Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease goes to this
 front's oldest call of the tenant still waiting for its own lease that the supervisor admitted
 (`Queued`: rate, queue limit), if any and if no more than `_HANDOFF_WAITING_MAX` wait, with a
-`Handoff` to the supervisor, which takes that call's request out of its queue. The waiting
-call's run goes to the worker there and then, on the connection the ending call used
-(`PreparedRun`), before the rest of the ending call (its record, its reply) and before the
-waiting call's turn in the event loop. A grant that crosses a handoff to its call serves the next
-waiting call the same way, or goes back unused.
+`Handoff` to the supervisor, which takes that call's request out of its queue. A grant that crosses a handoff to its call serves the next waiting
+call the same way, or goes back unused.
 """
 
 from __future__ import annotations
@@ -62,7 +59,6 @@ from app.contract.messages import (
     WorkerMessage,
 )
 from app.node.ipc import pack, read_message
-from app.node.port import PreparedRun
 from app.observability.tracing import Tracing
 from app.scheduler.leases import outcome_of
 from app.services.principal import TenantPrincipal
@@ -93,15 +89,6 @@ def principal_of(p: TenantPrincipal) -> Principal:
 
 
 @dataclass
-class _Asked:
-    """A call of this front waiting for its lease."""
-
-    fut: asyncio.Future[NodeMessage | RemoteLease]
-    hard_timeout_s: float
-    prepared: PreparedRun | None
-
-
-@dataclass
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -125,7 +112,6 @@ class RemoteLease:
     runs_left: int = 0  # calls it may still carry, paid for at the grant
     handoffs_left: int = 0  # calls waiting in this front it may still be passed to
     handed: bool = False  # its current call came by a handoff (else: the grant, or a paid run)
-    sent: bool = False  # its current call's run went out with the handoff (on `conn`)
     recalled: bool = False
     idle: asyncio.TimerHandle | None = None  # set while parked
 
@@ -133,20 +119,11 @@ class RemoteLease:
     def kernels_version(self) -> str:
         return self.kernels
 
-    def send(self, conn: _Conn, run: Run, body: bytes) -> None:
-        run.lease = self.grant.token
-        self.conn = conn
-        conn.writer.writelines(encode(run, body))
-
     async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
+        run.lease = self.grant.token
         try:
-            if self.sent:  # by the handoff that brought this call its lease
-                self.sent = False
-                assert self.conn is not None
-                conn = self.conn
-            else:
-                conn = await self.client.worker_conn(self.grant)
-                self.send(conn, run, body)
+            self.conn = conn = await self.client.worker_conn(self.grant)
+            conn.writer.writelines(encode(run, body))
             await conn.writer.drain()
             while True:
                 msg, out = await read_frame_async(conn.reader)
@@ -175,7 +152,7 @@ class SupervisorClient:
         self._tasks: set[asyncio.Future[None]] = set()
         self._principals: dict[int, tuple[TenantPrincipal, Principal]] = {}
         # lease requests asked and not answered, by tenant id, oldest first: what a handoff serves
-        self._asked: dict[str, dict[int, _Asked]] = {}
+        self._asked: dict[str, dict[int, tuple[asyncio.Future[NodeMessage | RemoteLease], float]]] = {}
         self._queued: set[int] = set()  # those of them the supervisor admitted (`Queued`)
 
     # -- connection -----------------------------------------------------------------------------
@@ -279,11 +256,7 @@ class SupervisorClient:
         that crossed a handoff to its call: a lease goes to the next call of its tenant waiting
         here, else back unused, so the supervisor does not hold it to a deadline."""
         if isinstance(msg, RemoteLease):
-            if msg.sent:  # its run is on the worker: stopped, and the lease back once it answers
-                msg.sent = False
-                self.stop(msg, msg.hard_timeout_s, msg.kernels)
-            else:
-                self.release(msg, Outcome.UNUSED, msg.kernels)
+            self.release(msg, Outcome.UNUSED, msg.kernels)
         elif isinstance(msg, Granted):
             if not self._pass_grant(msg):
                 self._send(ReleaseLease(msg.lease_id, Outcome.UNUSED, msg.kernels_version))
@@ -309,10 +282,7 @@ class SupervisorClient:
         return SupervisorGone(f"the supervisor answered {type(msg).__name__}")
 
     # -- NodePort -------------------------------------------------------------------------------
-    async def lease(
-        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool,
-        prepared: PreparedRun | None = None,
-    ) -> RemoteLease:
+    async def lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> RemoteLease:
         if check_rate:  # a held lease's calls were paid for against the rate when it was granted
             held = self._take_parked(principal.id, hard_timeout_s)
             if held is not None:
@@ -320,7 +290,7 @@ class SupervisorClient:
                     with self.tracing.span("scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.lease.held": True}):
                         pass
                 return held
-        msg = await self._ask_lease(principal, hard_timeout_s, traceparent, check_rate, prepared)
+        msg = await self._ask_lease(principal, hard_timeout_s, traceparent, check_rate)
         if isinstance(msg, RemoteLease):  # passed on by the tenant's previous call here
             if self.tracing is not None and self.tracing.enabled:
                 with self.tracing.span("scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.lease.handoff": True}):
@@ -341,10 +311,7 @@ class SupervisorClient:
             self._holding[grant.lease_id] = lease
         return lease
 
-    async def _ask_lease(
-        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool,
-        prepared: PreparedRun | None,
-    ) -> NodeMessage | RemoteLease:
+    async def _ask_lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> NodeMessage | RemoteLease:
         """`_ask` for a lease, the request queued here too while it waits: the supervisor's
         answer, or a lease a call of the tenant ending here passed on (`_hand_off`)."""
         p = self._principal(principal)
@@ -354,7 +321,7 @@ class SupervisorClient:
         asked = self._asked.get(principal.id)
         if asked is None:
             asked = self._asked[principal.id] = {}
-        asked[req] = _Asked(fut, hard_timeout_s, prepared)
+        asked[req] = (fut, hard_timeout_s)
         try:
             self._send(LeaseRequest(req, p, hard_timeout_s, check_rate, traceparent))
             return await fut
@@ -371,9 +338,11 @@ class SupervisorClient:
     def release(self, lease: object, outcome: Outcome, kernels_version: str) -> None:
         assert isinstance(lease, RemoteLease)
         conn, lease.conn = lease.conn, None
-        if conn is not None and outcome != Outcome.OK:  # the worker is being replaced, or its reply is still on the way
-            conn.close()
-            conn = None
+        if conn is not None:
+            if outcome == Outcome.OK:
+                self._park(lease.grant.worker_id, conn)
+            else:  # the worker is being replaced, or its reply is still on the way
+                conn.close()
         if outcome == Outcome.UNUSED and lease.runs > 1:  # a held lease's call that never reached the worker
             lease.runs, outcome = lease.runs - 1, Outcome.OK
             if lease.handed:
@@ -382,10 +351,8 @@ class SupervisorClient:
                 lease.runs_left += 1
         elif outcome != Outcome.UNUSED:
             lease.kernels = kernels_version
-        if outcome == Outcome.OK and self._hand_off(lease, conn):
+        if outcome == Outcome.OK and self._hand_off(lease):
             return
-        if conn is not None:
-            self._park(lease.grant.worker_id, conn)
         if outcome == Outcome.OK and self._may_keep(lease):
             self._park_lease(lease)
             return
@@ -422,26 +389,26 @@ class SupervisorClient:
             self.release(lease, outcome, kernels_version)
 
     # -- held leases ----------------------------------------------------------------------------
-    def _oldest_waiting(self, tenant_id: str) -> tuple[int, _Asked] | None:
+    def _oldest_waiting(self, tenant_id: str) -> tuple[int, asyncio.Future[NodeMessage | RemoteLease], float] | None:
         """Take this front's oldest call of the tenant that the supervisor admitted and that still
-        waits for a lease; the supervisor's answer to it, if any, is handed back. A request not
-        yet `Queued` may be refused for the rate: it must not run."""
+        waits for a lease (its request, its future, its hard timeout); the supervisor's answer to
+        it, if any, is handed back. A request not yet `Queued` may be refused for the rate: it
+        must not run."""
         asked = self._asked.get(tenant_id)
         if not asked:
             return None
-        req = next((r for r, a in asked.items() if r in self._queued and not a.fut.done()), None)
+        req = next((r for r, (fut, _) in asked.items() if r in self._queued and not fut.done()), None)
         if req is None:
             return None
-        waiting = asked.pop(req)
+        fut, hard_timeout_s = asked.pop(req)
         if not asked:
             del self._asked[tenant_id]
         self._pending.pop(req, None)
         self._queued.discard(req)
-        return req, waiting
+        return req, fut, hard_timeout_s
 
-    def _hand_off(self, lease: RemoteLease, conn: _Conn | None) -> bool:
-        """Pass the lease to this front's oldest call of its tenant that waits for a lease, its
-        run sent on `conn` (the ending call's connection to the worker) where it has one."""
+    def _hand_off(self, lease: RemoteLease) -> bool:
+        """Pass the lease to this front's oldest call of its tenant that waits for a lease."""
         if lease.handoffs_left <= 0 or lease.recalled or self._writer is None:
             return False
         tenant_id = lease.grant.token.tenant_id
@@ -453,22 +420,15 @@ class SupervisorClient:
         lease.handoffs_left -= 1
         lease.runs += 1
         lease.handed = True
-        self._give(lease, *waiting, conn)
+        self._give(lease, *waiting)
         return True
 
-    def _give(self, lease: RemoteLease, req: int, waiting: _Asked, conn: _Conn | None = None) -> None:
+    def _give(self, lease: RemoteLease, req: int, fut: asyncio.Future[NodeMessage | RemoteLease], hard_timeout_s: float) -> None:
         """Hand `lease` to the waiting call `req` and tell the supervisor, whose deadline then
-        covers that call's hard timeout; with `conn`, send that call's run on it now."""
-        lease.hard_timeout_s = waiting.hard_timeout_s
-        self._send(Handoff(lease.grant.lease_id, req, waiting.hard_timeout_s))
-        if conn is not None and waiting.prepared is not None and not conn.writer.is_closing():
-            run, body = waiting.prepared(lease)
-            lease.send(conn, run, body)
-            lease.sent = True
-            lease.kernels = run.kernels_version  # what the worker holds once it has run it
-        elif conn is not None:
-            self._park(lease.grant.worker_id, conn)
-        waiting.fut.set_result(lease)
+        covers that call's hard timeout."""
+        lease.hard_timeout_s = hard_timeout_s
+        self._send(Handoff(lease.grant.lease_id, req, hard_timeout_s))
+        fut.set_result(lease)
 
     def _pass_grant(self, grant: Granted) -> bool:
         """A grant whose call no longer needs it (served by a handoff as the grant came, or gone)
@@ -481,7 +441,7 @@ class SupervisorClient:
         waiting = self._oldest_waiting(grant.token.tenant_id)
         if waiting is None:
             return False
-        self._give(self._remote(grant, waiting[1].hard_timeout_s), *waiting)
+        self._give(self._remote(grant, waiting[2]), *waiting)
         return True
 
     def _may_keep(self, lease: RemoteLease) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from app.contract.messages import ChangeKind, Outcome, Readiness, Usage, WorkerInfo
-from app.node.port import CallLease, PreparedRun
+from app.node.port import CallLease
 from app.scheduler.leases import Lease
 from app.scheduler.scheduler import Scheduler
 from app.services.principal import TenantPrincipal
@@ -15,10 +15,7 @@ class LocalNode:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    async def lease(
-        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool,
-        prepared: PreparedRun | None = None,
-    ) -> Lease:
+    async def lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> Lease:
         return await self.scheduler.lease(principal, check_rate=check_rate)
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:

@@ -22,16 +22,9 @@ class CallLease(Protocol):
         ...
 
 
-# A waiting call's run and stdin, made for the lease it gets (the kernel sources its worker
-# lacks): a front whose call ends may send it on that call's connection at once, as it passes
-# the lease on (`SupervisorClient._give`), so the worker never waits for the waiting call's turn.
-PreparedRun = Callable[[CallLease], tuple[Run, bytes]]
-
-
 class NodePort(Protocol):
     async def lease(
-        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool,
-        prepared: PreparedRun | None = None,
+        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool
     ) -> CallLease: ...
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None: ...

@@ -21,7 +21,7 @@ from app.contract.errors import HardTimeout, WorkerCrashed
 from app.contract.messages import HostCounts, Outcome, Result, Run, RunStatus
 from app.db.ids import new_invocation_id
 from app.errors import NotFound
-from app.node.port import CallLease, NodePort
+from app.node.port import NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
@@ -165,19 +165,14 @@ class Executor:
         on_chunk: Callable[[bytes], None] | None,
     ) -> tuple[Result, bytes]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
-
-        def prepared(lease: CallLease) -> tuple[Run, bytes]:
-            if lease.kernels_version != kernels.version:  # the worker lacks this version's kernels
-                run.kernels = kernels.sources
-            return run, body
-
         t0 = time.perf_counter()
-        lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True, prepared=prepared)
+        lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
         leased = time.perf_counter()
         self.metrics.waited(tenant.name, leased - t0)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
-            prepared(lease)
+            if lease.kernels_version != kernels.version:
+                run.kernels = kernels.sources
             outcome = Outcome.CANCELLED  # anything unforeseen mid-exchange: its reply is orphaned
             try:
                 async with asyncio.timeout(hard_timeout):  # no extra task, unlike wait_for

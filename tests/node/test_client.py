@@ -4,7 +4,6 @@ real unix socket: handoffs of a lease to the front's own waiting calls of its te
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,7 +14,6 @@ import msgspec
 import pytest
 
 from app.contract.errors import Rejected
-from app.contract.frames import encode, read_frame_async
 from app.contract.messages import (
     Granted,
     Handoff,
@@ -29,9 +27,6 @@ from app.contract.messages import (
     Refusal,
     RefusalKind,
     ReleaseLease,
-    Result,
-    Run,
-    RunStatus,
 )
 from app.node.client import _HANDOFF_WAITING_MAX, RemoteLease, SupervisorClient
 from app.node.ipc import MessageProtocol, pack
@@ -87,46 +82,9 @@ def tenant(name: str = "t") -> TenantPrincipal:
     return TenantPrincipal(f"id-{name}", name, quota)
 
 
-def grant(req: int, lease_id: str, tenant_id: str, handoffs: int, socket: str = "/nowhere.sock") -> Granted:
+def grant(req: int, lease_id: str, tenant_id: str, handoffs: int) -> Granted:
     token = LeaseToken(lease_id, tenant_id, b"mac", 1 + handoffs)
-    return Granted(req, lease_id, "w1", socket, token, "", 0.0, handoffs)
-
-
-@dataclass
-class Worker:
-    """A worker's socket: records each run as it arrives and echoes its stdin; a run named in
-    `held` is answered only once the front half-closes the connection, as stopped."""
-
-    path: str
-    runs: asyncio.Queue[tuple[Run, bytes]] = field(default_factory=asyncio.Queue)
-    held: set[str] = field(default_factory=set)
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                run, body = await read_frame_async(reader)
-                assert isinstance(run, Run)
-                self.runs.put_nowait((run, body))
-                status = RunStatus.OK
-                if run.invocation_id in self.held:
-                    assert await reader.read() == b""  # the front's half-close
-                    status = RunStatus.CANCELLED
-                writer.writelines(encode(Result(status, len(body)), body))
-                await writer.drain()
-
-
-@asynccontextmanager
-async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
-    w = Worker(str(tmp_path / "w.sock"))
-    server = await asyncio.start_unix_server(w.serve, path=w.path)
-    try:
-        yield w
-    finally:
-        server.close()
-
-
-def run(invocation_id: str, kernels_version: str = "") -> Run:
-    return Run(invocation_id, "f", "sha", {}, 1000, 1 << 20, 0, 0, kernels_version=kernels_version)
+    return Granted(req, lease_id, "w1", "/nowhere.sock", token, "", 0.0, handoffs)
 
 
 async def asked(sup: Scripted) -> LeaseRequest:
@@ -230,72 +188,6 @@ async def test_a_call_that_leaves_after_the_handoff_passes_the_lease_on(tmp_path
         assert await third is lease and lease.runs == 2 and lease.handoffs_left == 3  # the unused one came back
         client.release(lease, Outcome.OK, "")
         assert msgspec.structs.astuple(await sup.next()) == ("L", Outcome.OK, "", 2, 0)
-
-
-async def test_a_handoff_sends_the_waiting_calls_run_at_once(tmp_path: Path) -> None:
-    """As a call ends, the waiting call it passes the lease to has its run on the worker before
-    it resumes (before the ending call's reply and the waiting call's turn), made for what the
-    worker holds; the waiting call then only reads its answer."""
-    t = tenant()
-    async with front(tmp_path) as (client, sup), worker(tmp_path) as w:
-        first = asyncio.create_task(client.lease(t, 1.0, None, True))
-        sup.send(grant((await asked(sup)).req, "L", t.id, handoffs=1, socket=w.path))
-        lease = await first
-        made_for: list[str] = []
-
-        def prepared(lease: Any) -> tuple[Run, bytes]:
-            made_for.append(lease.kernels_version)
-            return run("two", kernels_version="v2"), b"stdin two"
-
-        second = asyncio.create_task(client.lease(t, 2.0, None, True, prepared))
-        r2 = await asked(sup)
-        sup.send(Queued(r2.req))
-        while r2.req not in client._queued:
-            await asyncio.sleep(0.01)
-
-        reply, out = await lease.exchange(run("one"), b"stdin one")
-        assert isinstance(reply, Result) and out == b"stdin one"
-        assert (await w.runs.get())[0].invocation_id == "one"
-
-        client.release(lease, Outcome.OK, "v1")
-        assert made_for == ["v1"] and lease.sent and not second.done()  # sent before it resumed
-        sent, body = await asyncio.wait_for(w.runs.get(), 5)
-        assert (sent.invocation_id, body, sent.lease) == ("two", b"stdin two", lease.grant.token)
-        assert await sup.next() == Handoff("L", r2.req, 2.0)
-        assert await second is lease and lease.kernels_version == "v2"
-
-        reply, out = await lease.exchange(run("two"), b"stdin two")  # not sent again
-        assert isinstance(reply, Result) and out == b"stdin two" and not lease.sent
-        await asyncio.sleep(0.05)
-        assert w.runs.empty()
-        client.release(lease, Outcome.OK, "v2")
-        assert msgspec.structs.astuple(await sup.next()) == ("L", Outcome.OK, "v2", 2, 0)
-
-
-async def test_a_call_that_leaves_after_its_run_was_sent_is_stopped(tmp_path: Path) -> None:
-    """The caller of a call whose run went out with the handoff went away before it resumed:
-    its guest is stopped (the connection half-closed) and the lease goes back once the worker
-    answers, the worker kept, as for a call that leaves mid-run."""
-    t = tenant()
-    async with front(tmp_path) as (client, sup), worker(tmp_path) as w:
-        first = asyncio.create_task(client.lease(t, 1.0, None, True))
-        sup.send(grant((await asked(sup)).req, "L", t.id, handoffs=1, socket=w.path))
-        lease = await first
-        w.held.add("two")
-        second = asyncio.create_task(client.lease(t, 1.0, None, True, lambda lease: (run("two"), b"")))
-        r2 = await asked(sup)
-        sup.send(Queued(r2.req))
-        while r2.req not in client._queued:
-            await asyncio.sleep(0.01)
-        await lease.exchange(run("one"), b"")
-        client.release(lease, Outcome.OK, "")
-        second.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await second
-        assert (await asyncio.wait_for(w.runs.get(), 5))[0].invocation_id == "one"
-        assert (await asyncio.wait_for(w.runs.get(), 5))[0].invocation_id == "two"
-        assert await sup.next() == Handoff("L", r2.req, 1.0)
-        assert msgspec.structs.astuple(await sup.next()) == ("L", Outcome.OK, "", 2, 0)  # once stopped
 
 
 async def test_a_grant_that_crossed_a_handoff_serves_the_next_waiting_call(tmp_path: Path) -> None:
