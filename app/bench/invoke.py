@@ -119,21 +119,23 @@ def bench_invoke(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         client.post("/v1/functions/echo/invoke", content=BODY, headers=quiet).raise_for_status()
         after_idle_ms = (time.perf_counter() - t0) * 1000
-        first = before = observed.scrape(client)
-        host_before = cpu.HostCpu.read()
+        first = after = observed.scrape(client)
         slow: list[observed.Slow] = []
         stalls: list[observed.Stalls] = []
         for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
+            tag = f"_{i}" if i else ""
+            # its unloaded p99 again, just before: a host drifts within minutes (H200 hosts: 1.5
+            # to 3.8 ms alone), so each flood run is judged against the baseline next to it
+            res[f"quiet_alone_before{tag}"] = _post(url, 1, secs, quiet, True)
+            before, host_before = observed.scrape(client), cpu.HostCpu.read()
             with ThreadPoolExecutor(2) as pool:
                 over = pool.submit(_post, url, 4 * q, secs, flood)
                 beside = pool.submit(_post, url, 1, secs, quiet, True)
-                tag = f"_{i}" if i else ""
                 res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
             after, host_after = observed.scrape(client), cpu.HostCpu.read()
             slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
             stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
-            before, host_before = after, host_after
-        replaced = observed.replaced(before) - observed.replaced(first)
+        replaced = observed.replaced(after) - observed.replaced(first)
 
     if args.json:
         print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
@@ -197,7 +199,9 @@ def _report(
     _line(f"tenant at 4x its quota (c={4 * q}): goodput req/s (429s)", f"{over.goodput:.0f} ({over.limited})")
     _line("goodput at 4x quota / at quota", f"{over.goodput / peak:.2f}x", ">= 0.9x", over.goodput / peak >= 0.9)
     alone = r["quiet_alone"]
-    besides = [v for k, v in r.items() if k.startswith("quiet_beside_flood")]
+    tags = [f"_{i}" if i else "" for i in range(sum(k.startswith("quiet_beside_flood") for k in r))]
+    besides = [r[f"quiet_beside_flood{t}"] for t in tags]
+    adjacent = [r[f"quiet_alone_before{t}"] for t in tags if f"quiet_alone_before{t}" in r]
     if after_idle_ms is not None:
         _line("other tenant's first call after idling through the at-quota run (ms)", f"{after_idle_ms:.1f}")
     # judged on the calls made; wrk's own p99 (corrected for coordinated omission, see
@@ -208,8 +212,16 @@ def _report(
     beside = max(besides, key=lambda b: b.call_p99_ms)  # judged on the worst run
     worst = "worst " if len(besides) > 1 else ""
     _line(f"other tenant c=1 p99 alone / {worst}beside the flood (ms)", f"{alone.call_p99_ms:.2f} / {beside.call_p99_ms:.2f}")
-    ok = beside.call_p99_ms <= 2 * alone.call_p99_ms and all(b.other == 0 for b in besides)
-    _line(f"other tenant p99 {worst}beside the flood / alone", f"{beside.call_p99_ms / alone.call_p99_ms:.2f}x", "<= 2.0x", ok)
+    clean = all(b.other == 0 for b in besides)
+    if len(adjacent) == len(besides):  # judged on each run against its own baseline (the host drifts)
+        _line(f"other tenant c=1 p99 alone just before each flood run{runs}, per call (ms)", " ".join(f"{a.call_p99_ms:.2f}" for a in adjacent))
+        ratios = [b.call_p99_ms / a.call_p99_ms for b, a in zip(besides, adjacent, strict=True)]
+        each = " ".join(f"{x:.2f}x" for x in ratios)
+        _line(f"other tenant p99 beside each flood run / alone just before it{runs}", each, "<= 2.0x", max(ratios) <= 2.0 and clean)
+        _line(f"other tenant p99 {worst}beside the flood / first alone run", f"{beside.call_p99_ms / alone.call_p99_ms:.2f}x")
+    else:
+        ok = beside.call_p99_ms <= 2 * alone.call_p99_ms and clean
+        _line(f"other tenant p99 {worst}beside the flood / alone", f"{beside.call_p99_ms / alone.call_p99_ms:.2f}x", "<= 2.0x", ok)
     wrk_worst = max(b.p99_ms for b in besides)
     _line(f"the same by wrk's p99 ({worst}beside / alone)", f"{wrk_worst / alone.p99_ms:.2f}x")
     if slow:

@@ -140,6 +140,23 @@ def test_the_other_tenant_is_judged_on_the_calls_it_made_with_wrks_corrected_p99
     assert _line(out, "the same by wrk's p99").split()[-1] == "75.00x"
 
 
+def test_each_flood_run_is_judged_against_the_alone_run_just_before_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """A host drifts within minutes: each flood run's p99 is compared with the other tenant's
+    p99 alone measured right before it, and the worst of those ratios decides."""
+    r = _results([3.0, 5.0, 2.5])  # the first alone run: 2.0 ms
+    for tag, p99 in (("", 1.6), ("_1", 3.0), ("_2", 1.0)):
+        r[f"quiet_alone_before{tag}"] = _result(p99)
+    _report(r, 2, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "other tenant c=1 p99 alone just before each flood run, 3 runs").split()[-3:] == ["1.60", "3.00", "1.00"]
+    line = _line(out, "other tenant p99 beside each flood run / alone just before it")
+    assert line.split()[-6:] == ["1.88x", "1.67x", "2.50x", "<=", "2.0x", "NO"]  # the third run: 2.5 against 1.0
+    assert _line(out, "other tenant p99 worst beside the flood / first alone run").split()[-1] == "2.50x"  # 5.0 / 2.0, not judged
+    r["quiet_alone_before_2"] = _result(1.5)
+    _report(r, 2, 8)
+    assert _line(capsys.readouterr().out, "other tenant p99 beside each flood run / alone just before it").split()[-4:] == ["1.67x", "<=", "2.0x", "yes"]
+
+
 def test_the_nodes_cpu_per_call_is_printed_per_role_with_its_busiest_process(capsys: pytest.CaptureFixture[str]) -> None:
     roles = {
         Role.FRONT: RoleCpu(Role.FRONT, 8, 883.4, 0.83), Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 129.0, 0.72),
