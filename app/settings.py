@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     # such call and tells the supervisor, instead of a release and the next grant (1: a lease per
     # call). Each call is admitted as before (rate, queue); the slot goes with the lease. Not
     # granted, and recalled, while another tenant's call waits for a worker slot. Off by default:
-    # in seven alternated pairs on H200 hosts, handoffs raised another tenant's p99 beside a flood
+    # in eight alternated pairs on H200 hosts, handoffs raised another tenant's p99 beside a flood
     # in every pair (by 0.1x to 1.4x its p99 alone), for c=32 moving -3% to +24% (README).
     lease_handoff_runs: int = Field(default=1, ge=1, le=1000)
     hard_timeout_grace_ms: int = 1000
