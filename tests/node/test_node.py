@@ -203,6 +203,16 @@ async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_5
         except sqlite3.OperationalError:
             return True
 
+    async def held_throughout(seconds: float) -> bool:
+        """Locked at every look for `seconds`: a stopped front keeps the lock, where a process
+        that happened to be writing (the other front, the supervisor) lets go within ms."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not locked():
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     async with pinned(base, b, [a, b]) as on_b, pinned(base, a, [a, b]) as on_a:
         async def calls_on_b() -> None:  # each call's record: b writes a batch every 0.2 s
             while True:
@@ -215,7 +225,7 @@ async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_5
                 assert time.monotonic() < deadline, "front b was never caught inside a write"
                 if locked():
                     os.kill(b, signal.SIGSTOP)
-                    caught = locked()  # still held once b stopped: b holds it
+                    caught = await held_throughout(0.3)  # still held once b stopped: b holds it
                     if not caught:
                         os.kill(b, signal.SIGCONT)
                 await asyncio.sleep(0)
