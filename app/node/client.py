@@ -10,8 +10,8 @@ at the end of its hold, and at once when the supervisor recalls it.
 Handoffs (`Granted.handoffs`): as a call on such a lease ends cleanly, the lease goes to this
 front's oldest call of the tenant still waiting for its own lease that the supervisor admitted
 (`Queued`: rate, queue limit), if any and if no more than `_HANDOFF_WAITING_MAX` wait, with a
-`Handoff` to the supervisor, which takes that call's request out of its queue. A grant that crosses a handoff to its call serves the next waiting
-call the same way, or goes back unused.
+`Handoff` to the supervisor, which takes that call's request out of its queue. A grant that
+crosses a handoff to its call serves the next waiting call the same way, or goes back unused.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ Handoffs under load: a lease may also carry up to `TENSORWASM_LEASE_HANDOFF_RUNS
 front has more calls of the tenant waiting (`Granted.handoffs`). As a call ends, the front passes
 the worker to its own oldest waiting call and says so (`Handoff`): that call's request leaves the
 queue here and takes over the slot, and the lease's deadline is set again for it. Only a request
-admitted here (rate, queue limit) and said so (`Queued`) may be handed a lease; a busy tenant's worker then goes from call to call without
-a release and a grant between them. A front passes leases on only while few calls of the tenant
-wait in it (app/node/client.py says why). Within a tenant a front may serve its own calls before
+admitted here (rate, queue limit) and said so (`Queued`) may be handed a lease; a busy tenant's
+worker then goes from call to call without a release and a grant between them. A front passes
+leases on only while few calls of the tenant wait in it (app/node/client.py says why). Within a tenant a front may serve its own calls before
 older ones of other fronts, at most `handoff runs` calls a lease; no handoff is granted, and those
 granted are recalled, while another tenant's call waits for a worker slot or a call waits for a
 worker to be bound, so the fair share and evictions are untouched.

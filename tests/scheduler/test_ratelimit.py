@@ -33,4 +33,3 @@ def test_paying_ahead_leaves_the_lower_half_and_what_is_given_back_returns(clock
     assert [b.take() for _ in range(4)] == [0.0] * 4 and b.take() > 0
     b.give_back(100)
     assert b.tokens == b.capacity  # never past the burst
-
