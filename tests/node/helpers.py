@@ -10,13 +10,15 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.engine import make_url
 
 from tests.helpers import ADMIN, descendants
 
@@ -53,30 +55,88 @@ async def http(base: str) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-@asynccontextmanager
-async def only(front: int, others: list[int]) -> AsyncIterator[None]:
-    """While inside, new connections can only be accepted by `front`."""
-    stopped = [p for p in others if p != front]
-    for p in stopped:
-        os.kill(p, signal.SIGSTOP)
+async def all_stopped(pids: list[int]) -> bool:
+    def state(pid: int) -> str:
+        try:  # the state follows the parenthesised command, which may hold spaces
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "T"  # gone: it runs no more either
+
+    return all(state(p) == "T" for p in pids)
+
+
+class WriteLock:
+    """SQLite's one write lock for the whole database, looked at from outside the node. A running
+    process that holds it (a front writing its records, a queue runner renewing leases) lets go
+    within ms; a stopped one keeps it."""
+
+    def __init__(self, database_url: str) -> None:
+        self.probe = sqlite3.connect(str(make_url(database_url).database), timeout=0, isolation_level=None)
+
+    def held(self) -> bool:
+        try:
+            self.probe.execute("BEGIN IMMEDIATE")
+            self.probe.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError:
+            return True
+
+    async def held_throughout(self, seconds: float) -> bool:
+        """Held at every look for `seconds`: by a stopped process, not one that happened to write."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not self.held():
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+@contextmanager
+def write_lock(database_url: str) -> Iterator[WriteLock | None]:
+    """None on PostgreSQL, which locks rows: a stopped front holds none that another call needs."""
+    if make_url(database_url).get_backend_name() != "sqlite":
+        yield None
+        return
+    lock = WriteLock(database_url)
     try:
-        yield
+        yield lock
     finally:
+        lock.close()
+
+
+@asynccontextmanager
+async def only(front: int, others: list[int], lock: WriteLock | None = None) -> AsyncIterator[None]:
+    """While inside, new connections can only be accepted by `front`. With `lock`, the others are
+    stopped outside any write of theirs (they run on and are stopped again until so): a test that
+    writes through `front` would otherwise wait out the lock's 5 s and get a 503."""
+    stopped = [p for p in others if p != front]
+
+    def resume() -> None:
         for p in stopped:
             with contextlib.suppress(ProcessLookupError):  # killed inside
                 os.kill(p, signal.SIGCONT)
+
+    for _ in range(50):
+        for p in stopped:
+            os.kill(p, signal.SIGSTOP)
+        await until(lambda: all_stopped(stopped), "the other fronts to stop", limit_s=5)  # kill() does not wait
+        if lock is None or not await lock.held_throughout(0.3):
+            break
+        resume()
+        await asyncio.sleep(0.1)
+    else:
+        resume()
+        raise AssertionError("the stopped fronts were inside a database write at every try")
+    try:
+        yield
+    finally:
+        resume()
         # a resumed front reads what the supervisor sent it while stopped (changes made through
         # another front) before the next request: a running front gets them within microseconds
         await asyncio.sleep(0.1)
-
-
-async def written(base: str, key: dict[str, str]) -> None:
-    """Every front has written what it batched (invocation records, key uses): listing
-    invocations flushes them all. A front stopped inside that write would keep SQLite's write
-    lock, and a write through another front would fail once the lock wait ran out."""
-    async with http(base) as client:
-        r = await client.get("/v1/invocations", headers=key, params={"limit": 1})
-        assert r.status_code == 200, r.text
 
 
 @asynccontextmanager

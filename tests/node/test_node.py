@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.helpers import ADMIN, ADMIN_TOKEN, compile_bomb, deploy, descendants, new_tenant, process_alive, server_process, wat
-from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until, written
+from tests.node.helpers import WriteLock, both_fronts, http, only, pinned, samples, tenant_busy, until, write_lock
 
 
 @pytest.fixture(scope="module")
@@ -163,20 +162,21 @@ async def test_admin_changes_reach_every_front_at_once(node: tuple[Any, str]) ->
         assert r.status_code == 401
 
 
-async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str]) -> None:
+async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str], database_url: str) -> None:
     """A front that cannot answer (stopped here) is waited for 2 s at most; it applies the change
     when it runs again."""
     proc, base = node
     a, b = await both_fronts(proc)
     async with http(base) as admin:
         tid, key = await new_tenant(admin)
-    await written(base, key)  # b is stopped with no write of its own under way (the previous test used it)
-    async with only(a, [a, b]), http(base) as client:
-        t0 = time.monotonic()
-        r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
-        took = time.monotonic() - t0
-        assert r.status_code == 200, r.text
-        assert 1.5 <= took < 10, took  # waited for the stopped front's answer, then gave up on it
+    # b is stopped outside its own writes (records, lease renewals), which would hold SQLite's lock
+    with write_lock(database_url) as lock:
+        async with only(a, [a, b], lock), http(base) as client:
+            t0 = time.monotonic()
+            r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
+            took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert 1.5 <= took < 10, took  # waited for the stopped front's answer, then gave up on it
     async with pinned(base, b, [a, b]) as on_b:
         assert (await on_b.get("/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 3
 
@@ -185,34 +185,14 @@ async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_5
     """SQLite has one write lock for the whole database: a front stopped while it writes its
     batched records keeps it, and a write through the other front gives up after the 5 s lock
     wait. That is a passing failure (503 with Retry-After), and the retry lands once it runs."""
-    url = make_url(database_url)
-    if url.get_backend_name() != "sqlite":
+    if make_url(database_url).get_backend_name() != "sqlite":
         pytest.skip("SQLite's database-wide write lock; PostgreSQL locks rows")
     proc, base = node
     a, b = await both_fronts(proc)
     async with http(base) as admin:
         tid, key = await new_tenant(admin)
         assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
-    probe = sqlite3.connect(str(url.database), timeout=0, isolation_level=None)
-
-    def locked() -> bool:
-        try:
-            probe.execute("BEGIN IMMEDIATE")
-            probe.execute("ROLLBACK")
-            return False
-        except sqlite3.OperationalError:
-            return True
-
-    async def held_throughout(seconds: float) -> bool:
-        """Locked at every look for `seconds`: a stopped front keeps the lock, where a process
-        that happened to be writing (the other front, the supervisor) lets go within ms."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if not locked():
-                return False
-            await asyncio.sleep(0.02)
-        return True
-
+    lock = WriteLock(database_url)
     async with pinned(base, b, [a, b]) as on_b, pinned(base, a, [a, b]) as on_a:
         async def calls_on_b() -> None:  # each call's record: b writes a batch every 0.2 s
             while True:
@@ -223,9 +203,9 @@ async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_5
         try:
             while not caught:
                 assert time.monotonic() < deadline, "front b was never caught inside a write"
-                if locked():
+                if lock.held():
                     os.kill(b, signal.SIGSTOP)
-                    caught = await held_throughout(0.3)  # still held once b stopped: b holds it
+                    caught = await lock.held_throughout(0.3)  # still held once b stopped: b holds it
                     if not caught:
                         os.kill(b, signal.SIGCONT)
                 await asyncio.sleep(0)
@@ -235,7 +215,7 @@ async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_5
             waited = time.monotonic() - t0
         finally:
             os.kill(b, signal.SIGCONT)
-            probe.close()
+            lock.close()
         with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
             await load
         assert r.status_code == 503, r.text
