@@ -16,6 +16,7 @@ from tests.helpers import (
     GUESTS,
     LIVE_SERVERS,
     build_c,
+    fresh_database,
     fresh_postgres_database,
     make_settings,
     running_app,
@@ -63,6 +64,18 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'test.db'}"
         upgrade(url)
         yield url
+
+
+@pytest.fixture(scope="module")
+def server_database_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A database of its own for the servers a module runs as processes. The in-process app of
+    the other tests runs on the tests' event loop, which stands still between tests: a write of
+    that app's left half done there (a record batch, a lease renewal) keeps SQLite's one write
+    lock until the next async test, and a server sharing its file would wait it out."""
+    url, drop = fresh_database(tmp_path_factory.mktemp("server-db"))
+    upgrade(url)
+    yield url
+    drop()
 
 
 @pytest.fixture(scope="session")

@@ -64,7 +64,7 @@ asyncio.run(main(sys.argv[3] == "1"))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("freeze", [True, False])
-def test_a_serving_process_freezes_what_startup_built(database_url: str, tmp_path: Path, freeze: bool) -> None:
+def test_a_serving_process_freezes_what_startup_built(server_database_url: str, tmp_path: Path, freeze: bool) -> None:
     """A front (and the one-process node) moves its startup heap out of the cyclic collector's
     sight, so a full collection under load walks only what came since; an app built for tests
     does not (it would keep every test's garbage)."""
@@ -72,7 +72,7 @@ def test_a_serving_process_freezes_what_startup_built(database_url: str, tmp_pat
 
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
-        [sys.executable, "-c", _FREEZE_PROBE, database_url, str(tmp_path), "1" if freeze else "0"],
+        [sys.executable, "-c", _FREEZE_PROBE, server_database_url, str(tmp_path), "1" if freeze else "0"],
         cwd=root, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -86,13 +86,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def server(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     data_dir = tmp_path_factory.mktemp("fuzz")
     port = _free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "TENSORWASM_DATABASE_URL": database_url,
+        "TENSORWASM_DATABASE_URL": server_database_url,
         "TENSORWASM_DATA_DIR": str(data_dir),
         "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN,
         "TENSORWASM_BACKEND": "cpu",

@@ -18,8 +18,8 @@ from tests.helpers import ADMIN_TOKEN, EXAMPLES, GUESTS, ROOT, ServerProcess, se
 
 
 @pytest.fixture(scope="module")
-def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with server_process(tmp_path_factory.mktemp("cli-node"), database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as s:
+def node(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with server_process(tmp_path_factory.mktemp("cli-node"), server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as s:
         yield s
 
 

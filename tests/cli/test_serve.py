@@ -12,8 +12,8 @@ from app.settings import Settings
 from tests.helpers import ADMIN, ADMIN_TOKEN, server_process
 
 
-def test_start_line_and_ctrl_c(database_url: str, tmp_path: Path) -> None:
-    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as node:
+def test_start_line_and_ctrl_c(server_database_url: str, tmp_path: Path) -> None:
+    with server_process(tmp_path / "node", server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as node:
         # a call binds a worker, so both kinds of worker (bound and spare) see the Ctrl-C
         t = httpx.post(f"{node.url}/v1/admin/tenants", json={"name": f"sigint-{tmp_path.name[-8:]}"}, headers=ADMIN).json()
         key = httpx.post(f"{node.url}/v1/admin/tenants/{t['id']}/api-keys", headers=ADMIN).json()["key"]
@@ -27,7 +27,7 @@ def test_start_line_and_ctrl_c(database_url: str, tmp_path: Path) -> None:
     assert code == 0, log
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
     assert "Application shutdown complete" in log
-    shown = make_url(database_url).render_as_string(hide_password=True)
+    shown = make_url(server_database_url).render_as_string(hide_password=True)
     (line,) = [x for x in log.splitlines() if "serving: backend" in x]
     backend = os.environ.get("TENSORWASM_TEST_BACKEND", "cpu")
     assert f"serving: backend {backend}, device(s) " in line and line.endswith(f", database {shown}")

@@ -14,8 +14,8 @@ from tests.helpers import ADMIN_TOKEN, EXAMPLES, ServerProcess, server_process
 
 
 @pytest.fixture(scope="module")
-def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with server_process(tmp_path_factory.mktemp("client-node"), database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as s:
+def node(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with server_process(tmp_path_factory.mktemp("client-node"), server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as s:
         yield s
 
 

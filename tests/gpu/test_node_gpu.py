@@ -18,12 +18,12 @@ pytestmark = pytest.mark.gpu
 CAP = 256 << 20
 
 
-async def test_kernels_through_two_fronts_and_a_poisoned_context_replaced(database_url: str, tmp_path: Path, c_guest) -> None:
+async def test_kernels_through_two_fronts_and_a_poisoned_context_replaced(server_database_url: str, tmp_path: Path, c_guest) -> None:
     env = {
         "TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_BACKEND": "cuda", "TENSORWASM_PROCESSES": "2",
         "TENSORWASM_MAX_WORKERS": "4", "TENSORWASM_WORKER_START_TIMEOUT_S": "120", "TENSORWASM_QUEUE_WAIT_MS": "30000",
     }
-    with server_process(tmp_path / "node", database_url, env=env) as server:
+    with server_process(tmp_path / "node", server_database_url, env=env) as server:
         limits = httpx.Limits(max_keepalive_connections=0)  # new connections: both fronts serve
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
             keys = []

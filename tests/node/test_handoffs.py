@@ -18,12 +18,12 @@ from tests.node.helpers import both_fronts, http, only, pinned, samples
 
 
 @pytest.fixture(scope="module")
-def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+def node(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     env = {
         "TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2", "TENSORWASM_RESERVED_WORKERS": "0",
         "TENSORWASM_QUEUE_WAIT_MS": "5000", "TENSORWASM_LEASE_HANDOFF_RUNS": "1000",
     }
-    with server_process(tmp_path_factory.mktemp("handoffs"), database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+    with server_process(tmp_path_factory.mktemp("handoffs"), server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
         yield server.proc, server.url
 
 

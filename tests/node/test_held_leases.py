@@ -22,12 +22,12 @@ HOLD_S = 5.0
 
 
 @pytest.fixture(scope="module")
-def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+def node(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     env = {
         "TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "4", "TENSORWASM_QUEUE_WAIT_MS": "3000",
         "TENSORWASM_LEASE_HOLD_MS": str(int(HOLD_S * 1000)), "TENSORWASM_LEASE_IDLE_MS": str(int(HOLD_S * 1000)),
     }
-    with server_process(tmp_path_factory.mktemp("held"), database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+    with server_process(tmp_path_factory.mktemp("held"), server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
         yield server.proc, server.url
 
 

@@ -22,11 +22,11 @@ from tests.node.helpers import WriteLock, both_fronts, http, only, pinned, sampl
 
 
 @pytest.fixture(scope="module")
-def node(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+def node(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     data = tmp_path_factory.mktemp("node")
     # a long cache TTL: a front would serve stale keys and functions unless told of changes
     env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "6", "TENSORWASM_QUEUE_WAIT_MS": "300", "TENSORWASM_CACHE_TTL_S": "600"}
-    with server_process(data, database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+    with server_process(data, server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
         yield server.proc, server.url
 
 
@@ -162,7 +162,7 @@ async def test_admin_changes_reach_every_front_at_once(node: tuple[Any, str]) ->
         assert r.status_code == 401
 
 
-async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str], database_url: str) -> None:
+async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str], server_database_url: str) -> None:
     """A front that cannot answer (stopped here) is waited for 2 s at most; it applies the change
     when it runs again."""
     proc, base = node
@@ -170,7 +170,7 @@ async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str]
     async with http(base) as admin:
         tid, key = await new_tenant(admin)
     # b is stopped outside its own writes (records, lease renewals), which would hold SQLite's lock
-    with write_lock(database_url) as lock:
+    with write_lock(server_database_url) as lock:
         async with only(a, [a, b], lock), http(base) as client:
             t0 = time.monotonic()
             r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
@@ -181,18 +181,18 @@ async def test_a_stopped_front_does_not_hold_an_admin_call(node: tuple[Any, str]
         assert (await on_b.get("/v1/usage", headers=key)).json()["quota"]["max_concurrency"] == 3
 
 
-async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_503_not_a_500(node: tuple[Any, str], database_url: str) -> None:
+async def test_a_front_stopped_inside_its_database_write_costs_another_front_a_503_not_a_500(node: tuple[Any, str], server_database_url: str) -> None:
     """SQLite has one write lock for the whole database: a front stopped while it writes its
     batched records keeps it, and a write through the other front gives up after the 5 s lock
     wait. That is a passing failure (503 with Retry-After), and the retry lands once it runs."""
-    if make_url(database_url).get_backend_name() != "sqlite":
+    if make_url(server_database_url).get_backend_name() != "sqlite":
         pytest.skip("SQLite's database-wide write lock; PostgreSQL locks rows")
     proc, base = node
     a, b = await both_fronts(proc)
     async with http(base) as admin:
         tid, key = await new_tenant(admin)
         assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
-    lock = WriteLock(database_url)
+    lock = WriteLock(server_database_url)
     async with pinned(base, b, [a, b]) as on_b, pinned(base, a, [a, b]) as on_a:
         async def calls_on_b() -> None:  # each call's record: b writes a batch every 0.2 s
             while True:
@@ -310,9 +310,9 @@ async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
     assert text.count("# TYPE tensorwasm_supervisor_event_loop_lag_seconds histogram") == 1
 
 
-async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path: Path) -> None:
+async def test_a_killed_supervisor_leaves_no_process(server_database_url: str, tmp_path: Path) -> None:
     env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2"}
-    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+    with server_process(tmp_path / "node", server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
         proc, base = server.proc, server.url
         async with http(base) as client:
             tid, key = await new_tenant(client, timeout_ms=600_000)
@@ -334,11 +334,11 @@ async def test_a_killed_supervisor_leaves_no_process(database_url: str, tmp_path
     await until(gone, "every process of the node to die", limit_s=10)
 
 
-async def test_compile_slots_are_node_wide(database_url: str, tmp_path: Path) -> None:
+async def test_compile_slots_are_node_wide(server_database_url: str, tmp_path: Path) -> None:
     """With one compile slot per node, a deploy through one front waits for another tenant's
     compile running through the other front (each front's own limiter would let it pass)."""
     env = {"TENSORWASM_PROCESSES": "2", "TENSORWASM_COMPILE_CONCURRENCY": "1", "TENSORWASM_COMPILE_TIMEOUT_S": "4"}
-    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
+    with server_process(tmp_path / "node", server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, **env}) as server:
         a, b = await both_fronts(server.proc)
         async with http(server.url) as admin:
             _, heavy = await new_tenant(admin)

@@ -15,8 +15,8 @@ from app.worker.stats import stats_dir
 from tests.helpers import ADMIN, ADMIN_TOKEN, deploy, descendants, make_settings, new_tenant, process_alive, running_app, server_process, wat
 
 
-async def test_sigkill_of_the_node_mid_guest_leaves_no_process_and_no_page(database_url, tmp_path) -> None:
-    with server_process(tmp_path / "node", database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
+async def test_sigkill_of_the_node_mid_guest_leaves_no_process_and_no_page(server_database_url, tmp_path) -> None:
+    with server_process(tmp_path / "node", server_database_url, env={"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
         proc = server.proc
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
             _, key = await new_tenant(http, timeout_ms=600_000)
@@ -46,5 +46,5 @@ async def test_sigkill_of_the_node_mid_guest_leaves_no_process_and_no_page(datab
     shm = stats_dir(tmp_path)
     pages = list(shm.glob(f"tensorwasm-worker-{proc.pid}.*"))
     assert len(pages) == len(pids)  # the killed node could not remove them itself
-    async with running_app(make_settings(database_url, tmp_path / "next")):
+    async with running_app(make_settings(server_database_url, tmp_path / "next")):
         assert not [p for p in pages if p.exists()]  # swept as the next node started
