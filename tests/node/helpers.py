@@ -1,5 +1,5 @@
-"""What the tests of a real node of two fronts share: which front serves a connection, polling,
-tenant state and metric samples.
+"""What the tests of a real node of two fronts share: which front serves a connection, SQLite's
+write lock, polling, tenant state and metric samples.
 
 Which front accepts a connection is the kernel's choice; to send a call through one front the
 tests stop the other (SIGSTOP) while the connection is made, and use no keep-alive."""
