@@ -27,10 +27,11 @@ the worker to its own oldest waiting call and says so (`Handoff`): that call's r
 queue here and takes over the slot, and the lease's deadline is set again for it. Only a request
 admitted here (rate, queue limit) and said so (`Queued`) may be handed a lease; a busy tenant's
 worker then goes from call to call without a release and a grant between them. A front passes
-leases on only while few calls of the tenant wait in it (app/node/client.py says why). Within a tenant a front may serve its own calls before
-older ones of other fronts, at most `handoff runs` calls a lease; no handoff is granted, and those
-granted are recalled, while another tenant's call waits for a worker slot or a call waits for a
-worker to be bound, so the fair share and evictions are untouched.
+leases on only while few calls of the tenant wait in it (app/node/client.py says why). Within a
+tenant a front may serve its own calls before older ones of other fronts, at most `handoff runs`
+calls a lease; no handoff is granted, and those granted are recalled, while another tenant's call
+waits for a worker slot or a call waits for a worker to be bound, so the fair share and evictions
+are untouched.
 
 The supervisor holds each lease to its hard deadline too: a front that never releases has its
 worker killed. A front whose connection drops has its leases released as cancelled (their
