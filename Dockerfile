@@ -1,6 +1,6 @@
 # TensorWasm api + worker image.
-#   CPU image:   docker build -t tensorwasm .
-#   CUDA image:  docker build --target cuda -t tensorwasm:cuda .
+#   CPU image:   docker build -t tensorwasm:cpu .             (the default target; docker-compose.yml)
+#   CUDA image:  docker build --target cuda -t tensorwasm:cuda .   (deploy/k8s names tensorwasm:cuda)
 # Workers run in the same container as the api process (they are its child processes).
 
 # ---- the application source, shared by both images ---------------------------------------------
@@ -9,6 +9,7 @@ COPY pyproject.toml setup.py uv.lock README.md alembic.ini /app/
 COPY app /app/app
 COPY kernels /app/kernels
 COPY migrations /app/migrations
+COPY examples /app/examples
 
 # ---- CPU --------------------------------------------------------------------------------------
 FROM python:3.12-slim AS base

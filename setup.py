@@ -4,7 +4,11 @@ the top of site-packages. Everything else is declared in pyproject.toml."""
 
 from setuptools import find_packages, setup
 
-MAPPED = {"app.kernels": "kernels", "app.migrations": "migrations", "app.migrations.versions": "migrations/versions"}
+MAPPED = {
+    "app.kernels": "kernels", "app.migrations": "migrations", "app.migrations.versions": "migrations/versions",
+    # the guest header and examples: `tensorwasm new` copies the header from here
+    "app.examples": "examples",
+}
 
 setup(
     packages=find_packages(include=["app", "app.*"]) + list(MAPPED),

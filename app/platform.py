@@ -14,6 +14,7 @@ from app.contract.messages import ChangeKind
 from app.db.models import utcnow
 from app.runtime.compiler import ModuleCompiler
 from app.services.api_keys import AuthCache
+from app.services.auth_failures import AuthFailures
 from app.services.body_budget import BodyBudget
 from app.settings import Settings
 
@@ -24,8 +25,10 @@ if TYPE_CHECKING:
     from app.queue.runner import QueueRunner
     from app.queue.service import AsyncInvocations
     from app.scheduler.scheduler import Scheduler
+    from app.services.callbacks import CallbackDispatcher, CallbackSecrets
     from app.services.function_cache import FunctionCache
     from app.services.invocations import Executor
+    from app.services.logs import Logs
     from app.services.records import InvocationRecorder
 
 
@@ -43,11 +46,15 @@ class Platform:
     metrics: Metrics
     tracing: Tracing
     bodies: BodyBudget  # request bodies each tenant holds in this process
+    auth_failures: AuthFailures  # failed authentications per client address, in this process
     clock: Callable[[], datetime] = field(default=utcnow)
     executor: Executor = field(default=None)  # type: ignore[assignment]  # runs one call (async, stream)
     queue: AsyncInvocations = field(default=None)  # type: ignore[assignment]  # submit/cancel/output
     # drains the queue: in the one-process node, or in the first front of a node of several
     queue_runner: QueueRunner | None = None
+    logs: Logs = field(default=None)  # type: ignore[assignment]  # function logs, read
+    callback_secrets: CallbackSecrets = field(default=None)  # type: ignore[assignment]
+    callbacks: CallbackDispatcher | None = None  # sends callbacks: next to the queue runner
 
     async def tenant_changed(self, tenant_id: str) -> None:
         """Drop everything cached about a tenant after an admin change on this node."""

@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,6 +22,10 @@ class Settings(BaseSettings):
         default=None, description="SQLAlchemy URL; default: a SQLite file in the data dir"
     )
     admin_token: str | None = None
+    # The key sealing tenants' secrets in the database (32 bytes, as 64 hex digits or base64).
+    # Unset: one is generated into the data dir (`secrets_key`, 0600) on first use. Every node
+    # of a cluster must have the same: a node with another cannot read the secrets.
+    secrets_key: SecretStr | None = None
     host: str = "127.0.0.1"
     # HTTP front processes serving the port; above 1, the scheduler runs in a supervisor
     # process of its own and calls go from a front straight to its leased worker.
@@ -29,8 +33,34 @@ class Settings(BaseSettings):
     port: int = 8080
     log_level: str = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
+    # Without a metrics token, /metrics (every tenant's name is in its labels) answers callers
+    # on loopback alone; others must send the admin token. true: it answers everyone.
+    metrics_public: bool = False
     metrics_token: str | None = None
-    access_log: bool = False
+    # One log line per request (method, route template, status, duration, tenant); false: none.
+    access_log: bool = True
+
+    # --- the edge: each front's connections (app/api/edge.py, docs/operations.md) -----------
+    # Open connections one front holds; past it the one longest waiting for a request head is
+    # closed, or the new one refused (503) when all are in a request. Bounded by the process's
+    # descriptor limit, which a front raises to its hard limit.
+    max_connections: int = Field(default=10_000, ge=16)
+    # A request's head (request line and headers) must arrive in full within this long of the
+    # connection opening or of the previous response: 408 and close.
+    head_timeout_s: float = Field(default=10.0, gt=0)
+    # Bytes and fields of one request head: past either, 431 and close.
+    max_head_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_headers: int = Field(default=100, ge=8)
+    # An idle keep-alive connection is closed after this long without a request.
+    keepalive_timeout_s: float = Field(default=5.0, gt=0)
+    # After body_grace_s, a body still arriving must have averaged min_body_bytes_per_s (time the
+    # front paused reading does not count): else 408 and close. 0: no minimum rate.
+    body_grace_s: float = Field(default=10.0, gt=0)
+    min_body_bytes_per_s: int = Field(default=1024, ge=0)
+    # Failed authentications one client address (an IPv6 /64) may make per second on one front
+    # (burst: auth_failure_burst); past it 429 with Retry-After and no lookup. 0: no limit.
+    auth_failures_per_s: float = Field(default=5.0, ge=0)
+    auth_failure_burst: int = Field(default=20, ge=1)
     otlp_endpoint: str | None = None
 
     # --- default quota of a new tenant -----------------------------------------------------
@@ -42,6 +72,16 @@ class Settings(BaseSettings):
     default_wasm_memory_bytes: int = 256 * 1024 * 1024
     default_timeout_ms: int = 10_000
     default_max_queued: int = 1000
+    # bytes of stored async inputs and outputs and of kept module versions (docs/operations.md)
+    default_max_stored_bytes: int = 1024**3
+    # bytes of a function's files, unpacked (PUT /v1/functions/{name}/files)
+    default_max_files_bytes: int = 64 * 1024**2
+    # bytes a call's writable copy of its files may hold (deploy's scratch=true)
+    default_scratch_bytes: int = 16 * 1024**2
+    # secrets a tenant may keep, and bytes of all their values (PUT /v1/secrets/{name})
+    default_max_secrets: int = 100
+    default_max_secret_bytes: int = 1024**2
+    default_gpu_weight: int = 1
 
     # --- execution -------------------------------------------------------------------------
     backend: Literal["auto", "cpu", "cuda"] = "auto"
@@ -57,28 +97,16 @@ class Settings(BaseSettings):
     cuda_max_connections: int = Field(default=1, ge=1, le=32)
     max_workers: int = 4
     warm_spares: int = 1
+    # Spares per device kept at most while new tenants arrive faster than one start per start
+    # time (the node keeps about arrival rate x start time + 1); warm_spares 0 keeps none.
+    max_warm_spares: int = Field(default=8, ge=0)
     # Worker slots only a tenant with nothing running may take: a tenant with calls running holds
     # at most max_workers - reserved_workers, so another tenant's call starts at once in a flood.
     reserved_workers: int = Field(default=1, ge=0)
     queue_limit: int = 256  # waiting calls are cheap (a ticket and a timer each) and bounded by queue_wait_ms
     queue_wait_ms: int = 1000
-    # In a node of several fronts, how long a front may keep a warm tenant's lease for further
-    # calls of that tenant before it gives it back (0: one lease per call). A held lease is
-    # returned at once when another call waits for what it holds, and after lease_idle_ms
-    # without a call; its calls are paid against the tenant's rate when it is granted.
-    # Off by default: on 16-core GPU hosts holds cut c=1 p50 by ~10 % and bought no throughput;
-    # judged per call on an H100 host, c=32 fell to 0.65x and a quiet tenant's worst p99 beside
-    # a flood rose from 1.44x to 3.53x its p99 alone (README, Benchmarks).
-    lease_hold_ms: int = Field(default=0, ge=0, le=10_000)
-    lease_idle_ms: float = Field(default=5.0, ge=0)
-    # In a node of several fronts, how many calls a lease may carry when its front has more calls
-    # of the tenant waiting for a lease: as a call ends, the front passes the worker to its oldest
-    # such call and tells the supervisor, instead of a release and the next grant (1: a lease per
-    # call). Each call is admitted as before (rate, queue); the slot goes with the lease. Not
-    # granted, and recalled, while another tenant's call waits for a worker slot. Off by default:
-    # in eight alternated pairs on H200 hosts, handoffs raised another tenant's p99 beside a flood
-    # in every pair (by 0.1x to 1.4x its p99 alone), for c=32 moving -3% to +24% (README).
-    lease_handoff_runs: int = Field(default=1, ge=1, le=1000)
+    # tenants the node's shared admission table holds with calls in flight or a rate debt at once
+    admission_tenants: int = Field(default=16384, ge=64, le=1_048_576)
     hard_timeout_grace_ms: int = 1000
     worker_start_timeout_s: float = 60.0
     # Fork workers from a process that already imported the runtime (no CUDA call made there);
@@ -116,6 +144,15 @@ class Settings(BaseSettings):
     # (so a new tenant finds a spare) only once it has been idle this long: a tenant calling now
     # and then, one call at a time, is never idle by that measure, and keeps its warm context.
     retire_idle_after_s: float = Field(default=5.0, ge=0)
+    # Files, directories and links one function's archive may hold (PUT .../files; 422 past it).
+    max_files_entries: int = Field(default=10_000, ge=1, le=1_000_000)
+    # A GPU's time by tenant weight (quota gpu_weight), whatever the number of a tenant's contexts:
+    # a worker holds back launches while its tenant is above its share and another wants the device.
+    gpu_share: bool = True
+    # How long after its last kernels a tenant still counts as wanting the device: a tenant calling
+    # back to back keeps its share through the gaps between its calls (its latency near alone),
+    # while tenants over their share wait; 0 lends those gaps out (more throughput for the others).
+    gpu_share_linger_ms: float = Field(default=20.0, ge=0, le=10_000)
     # Max buffers / modules one instance may hold (ABI QUOTA_EXCEEDED beyond).
     max_buffers_per_instance: int = 1024
     max_modules_per_instance: int = 64
@@ -123,6 +160,9 @@ class Settings(BaseSettings):
     # --- async invocations and streaming ---------------------------------------------------
     # How long the stored output of an async invocation is kept after it ended (then 410).
     output_retention_s: float = 86_400.0
+    # Every invocation's stderr tail is cleared after output_retention_s too; its record (status,
+    # timings, error) is deleted after this long.
+    record_retention_s: float = Field(default=30 * 86_400.0, gt=0)
     # An Idempotency-Key repeated within this window returns the same invocation.
     idempotency_window_s: float = 86_400.0
     # This node's name in `claimed_by`; default: derived from the host name and the data dir, so
@@ -137,6 +177,16 @@ class Settings(BaseSettings):
     queue_poll_s: float = 0.25
     # How often outputs past the retention and expired leases are swept.
     queue_sweep_s: float = 60.0
+    # How often a node writes its heartbeat (the `nodes` table) and looks for dead nodes' work.
+    node_heartbeat_s: float = Field(default=1.0, gt=0)
+    # A node not seen for this long is dead: the async work it held is queued again (or ends
+    # `interrupted` once its attempts are spent). Above a few heartbeats, so a busy database or a
+    # collector pause is not taken for a death; nodes' clocks must agree well within it (NTP).
+    node_dead_after_s: float = Field(default=5.0, gt=0)
+    # Versions kept of each function, the active (latest) one included; older ones are deleted at
+    # the deploy that passes this count, with their compiled artifacts once no version of any
+    # tenant uses them.
+    kept_versions: int = Field(default=5, ge=1, le=1000)
 
     # --- compiles of tenant code (Wasm modules, CUDA sources), each in a sandbox process ---
     # Address space one compile process may map, its interpreter and compiler included (~200
@@ -152,15 +202,48 @@ class Settings(BaseSettings):
     record_flush_interval_s: float = 0.2
     record_batch_size: int = 500
 
+    # --- function logs (GET /v1/functions/{name}/logs) -------------------------------------
+    # Bytes of stderr (UTF-8) kept per tenant, every function together; past it the lines of its
+    # oldest calls are deleted first. 0: no logs kept.
+    log_bytes_per_tenant: int = Field(default=4 * 1024**2, ge=0, le=1024**3)
+    # How often a `logs?follow=1` stream asks the database for lines past its last (one indexed query).
+    log_follow_poll_s: float = Field(default=0.25, gt=0, le=5)
+
+    # --- callbacks of async invocations (X-Callback-Url) -----------------------------------
+    # Accept callback URLs whose host is (or resolves to) a loopback, private, link-local or
+    # otherwise non-public address. Off: refused at the submit (422), so a tenant cannot make
+    # the node reach its own network.
+    callback_allow_private: bool = False
+    # One POST's time limit; past it the attempt failed.
+    callback_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    # Retries go on for this long after the first attempt, then the callback is `failed`.
+    callback_retry_s: float = Field(default=3600.0, ge=0, le=7 * 86_400)
+    # The wait before the first retry; doubled at each retry up to callback_backoff_max_s.
+    callback_backoff_s: float = Field(default=1.0, gt=0)
+    callback_backoff_max_s: float = Field(default=300.0, gt=0)
+    # How often a node looks for callbacks due (invocations ended on other nodes, retries).
+    callback_poll_s: float = Field(default=1.0, gt=0)
+    # Callbacks one node sends at once.
+    callback_concurrency: int = Field(default=16, ge=1, le=1024)
+
     @model_validator(mode="after")
     def _default_quota_within_bounds(self) -> Settings:
         # a default outside the bounds would make every new tenant's quota unanswerable
         from app.services.principal import QUOTA_BOUNDS, QUOTA_MINIMUMS
 
-        for field, high in QUOTA_BOUNDS.items():
+        for field, high in QUOTA_BOUNDS.items():  # every quota field has a bound
             value, low = getattr(self, f"default_{field}"), QUOTA_MINIMUMS[field]
             if not low <= value <= high:
                 raise ValueError(f"TENSORWASM_DEFAULT_{field.upper()} must be between {low} and {high}, got {value}")
+        return self
+
+    @model_validator(mode="after")
+    def _dead_after_heartbeats(self) -> Settings:
+        if self.node_dead_after_s < 2 * self.node_heartbeat_s:
+            raise ValueError(
+                f"TENSORWASM_NODE_DEAD_AFTER_S ({self.node_dead_after_s:g}) must be at least twice "
+                f"TENSORWASM_NODE_HEARTBEAT_S ({self.node_heartbeat_s:g}): one late heartbeat is not a death"
+            )
         return self
 
     @property

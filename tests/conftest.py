@@ -104,7 +104,8 @@ def app_factory(database_url: str, tmp_path: Path) -> Callable[..., Any]:
     """An app with its own settings (and own workers), for tests that change the node's shape."""
 
     def factory(**overrides: Any) -> Any:
-        return running_app(make_settings(database_url, tmp_path, **overrides))
+        url = overrides.pop("database_url", database_url)  # a test's own database, when it needs one
+        return running_app(make_settings(url, tmp_path, **overrides))
 
     return factory
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -136,6 +138,25 @@ def counter_module(*, start_function: bool = False, pages: int = 1, tag: str = "
     the module's bytes (and so its sha256) unique."""
     start = "(start $bump)" if start_function else ""
     return bytes(wasmtime.wat2wasm(_COUNTER.format(pages=pages, start=start, tag=tag)))
+
+
+def tar_archive(entries: dict[str, bytes | str | None]) -> bytes:
+    """A tar archive of `entries` in order: bytes make a file, None a directory, a str a
+    symbolic link to it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, value in entries.items():
+            info = tarfile.TarInfo(name)
+            if value is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif isinstance(value, str):
+                info.type, info.linkname = tarfile.SYMTYPE, value
+                tar.addfile(info)
+            else:
+                info.size = len(value)
+                tar.addfile(info, io.BytesIO(value))
+    return buf.getvalue()
 
 
 _C_CACHE: dict[str, bytes] = {}
@@ -372,3 +393,133 @@ async def until(check: Callable[[], bool], what: str, bound_s: float = 60) -> No
     while not check():
         assert time.monotonic() < deadline, f"never saw: {what}"
         await asyncio.sleep(0.02)
+
+
+def from_address(client: httpx.AsyncClient, host: str) -> httpx.AsyncClient:
+    """Another client of the same in-process app whose requests come from `host`."""
+    app = client._transport.app  # type: ignore[attr-defined]
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(host, 40000)), base_url=str(client.base_url), timeout=60)
+
+
+class CountingBody:
+    """A request body that counts how much of it the server pulled."""
+
+    def __init__(self, total: int, chunk: int = 64 * 1024) -> None:
+        self.total, self.chunk, self.sent = total, chunk, 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.sent < self.total:
+            self.sent += self.chunk
+            yield b" " * self.chunk
+
+
+# -- a scheduler whose workers are no processes: starts that take a set time ----------------------
+class FakeProc:
+    """What the scheduler reads of a worker's process: it runs until killed."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.returncode: int | None = None
+        self._ended = asyncio.Event()
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self.returncode = -9
+            self._ended.set()
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
+@dataclass
+class FakeStarts:
+    """Worker starts as the fake driver makes them: each takes `seconds`; `fail` makes them fail."""
+
+    seconds: float = 0.0
+    fail: bool = False
+    started: int = 0  # starts begun
+
+
+async def _fake_start(w: Any, starts: FakeStarts) -> None:
+    from app.worker.handle import WorkerLost, WorkerState
+
+    starts.started += 1
+    await asyncio.sleep(starts.seconds)
+    if starts.fail:
+        raise WorkerLost(f"worker {w.id}: the fake driver failed its start")
+    w.proc = FakeProc()
+    w.backend, w.state = "cpu", WorkerState.SPARE
+
+
+async def _fake_bind(w: Any, tenant_id: str, tenant_name: str, gpu_cap: int, *_: Any, **__: Any) -> None:
+    w.tenant_id, w.tenant_name, w.gpu_cap = tenant_id, tenant_name, gpu_cap
+
+
+def fake_workers(monkeypatch: Any, seconds: float = 0.0) -> FakeStarts:
+    """Worker handles that start (after `seconds`), bind and close without a process."""
+    from app.worker.handle import WorkerHandle
+
+    starts = FakeStarts(seconds)
+
+    async def start(self: WorkerHandle) -> None:
+        await _fake_start(self, starts)
+
+    async def close(self: WorkerHandle) -> None:
+        self.kill()
+
+    monkeypatch.setattr(WorkerHandle, "start", start)
+    monkeypatch.setattr(WorkerHandle, "bind", _fake_bind)
+    monkeypatch.setattr(WorkerHandle, "close", close)
+    return starts
+
+
+def fake_worker_factory(settings: Settings, seconds: float = 0.0) -> tuple[Callable[[Any], Any], FakeStarts]:
+    """The same fakes as a worker factory (`WorkerPool`, `Scheduler`): nothing patched, so a test
+    can drive the pool with them directly."""
+    from app.worker.handle import WorkerHandle
+
+    starts = FakeStarts(seconds)
+
+    class FakeWorker(WorkerHandle):
+        async def start(self) -> None:
+            await _fake_start(self, starts)
+
+        async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, *args: Any, **kw: Any) -> None:
+            await _fake_bind(self, tenant_id, tenant_name, gpu_cap)
+
+        async def close(self) -> None:
+            self.kill()
+
+    def factory(device: Any) -> WorkerHandle:
+        return FakeWorker(settings, device_index=device.index, visible_device=device.visible_id)
+
+    return factory, starts
+
+
+def principal(timeout_ms: int = 10_000, max_concurrency: int = 1, gpu_memory_bytes: int = 0) -> Any:
+    """A tenant as the scheduler sees it (a unique id), with the quota fields it reads."""
+    from app.contract.messages import Principal, Quota
+
+    quota = Quota(
+        gpu_memory_bytes=gpu_memory_bytes, max_concurrency=max_concurrency, requests_per_second=1000.0, max_functions=10,
+        max_module_bytes=1 << 20, wasm_memory_bytes=64 << 20, timeout_ms=timeout_ms, max_queued=100,
+    )
+    return Principal(f"t-{uuid.uuid4().hex[:12]}", "fake", quota)
+
+
+@asynccontextmanager
+async def fake_node(data_dir: Path, devices: Any = None, wait: bool = True, **overrides: Any) -> AsyncIterator[Any]:
+    """A started Scheduler on `devices` (one CPU device by default) with settings for tests;
+    pair it with `fake_workers` so its workers are no processes."""
+    from app.scheduler.devices import Inventory
+    from app.scheduler.scheduler import Scheduler
+
+    settings = make_settings("sqlite://", data_dir, fork_server=False, backend="cpu", **overrides)
+    s = Scheduler(settings, devices=devices or Inventory.cpu(settings.context_overhead_bytes, settings.max_contexts_per_device))
+    await s.start(wait=wait)
+    try:
+        yield s
+    finally:
+        await s.stop()

@@ -124,7 +124,7 @@ async def test_not_found_routed_and_on_the_fast_path(client: httpx.AsyncClient) 
     assert _error(r) == (404, "not_found", "function 'missing' not found", None)
     assert _error(await client.get("/v1/kernels/nope", headers=key)) == (404, "not_found", "kernel module 'nope' not found", None)
     r = await client.get("/v1/admin/tenants/00000000000000000000000000000000", headers=ADMIN)
-    assert _error(r) == (404, "not_found", "tenant not found", None)
+    assert _error(r) == (404, "not_found", "no tenant with the id or name '00000000000000000000000000000000'", None)
 
 
 async def test_conflict_for_a_taken_tenant_name(client: httpx.AsyncClient) -> None:
@@ -147,11 +147,11 @@ async def test_a_disabled_tenant_is_forbidden_and_its_keys_conflict(client: http
         await client.patch(f"/v1/admin/tenants/{tid}", json={"disabled": False}, headers=ADMIN)
 
 
-async def test_forbidden_when_the_function_quota_is_used(client: httpx.AsyncClient) -> None:
+async def test_conflict_when_the_function_quota_is_used(client: httpx.AsyncClient) -> None:
     _, key = await new_tenant(client, max_functions=1)
     assert (await deploy(client, key, "f1", wat("noop"))).status_code == 201
     r = await deploy(client, key, "f2", wat("noop"))
-    assert _error(r) == (403, "quota_exceeded", "the tenant may deploy at most 1 functions; delete one first", None)
+    assert _error(r) == (409, "quota_exceeded", "the tenant may deploy at most 1 functions; delete one first", None)
 
 
 async def test_invalid_module_and_settings(client: httpx.AsyncClient) -> None:

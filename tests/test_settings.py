@@ -1,10 +1,13 @@
-"""The data dir holds tenants' modules, the database and the admin token: only its owner reads it."""
+"""Settings: the data dir holds tenants' modules, the database and the admin token, so only its owner
+reads it; settings no longer read are ignored."""
 
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
+
+import pytest
 
 from app.settings import Settings
 
@@ -56,3 +59,10 @@ def test_default_quota_must_lie_within_the_bounds(tmp_path: Path) -> None:
         Settings(data_dir=tmp_path, default_timeout_ms=2**40)
     with pytest.raises(ValidationError, match="TENSORWASM_DEFAULT_REQUESTS_PER_SECOND"):
         Settings(data_dir=tmp_path, default_requests_per_second=0)
+
+
+def test_removed_settings_in_the_environment_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's environment that still sets the removed lease-reuse settings starts a node."""
+    for name, value in (("LEASE_HOLD_MS", "100"), ("LEASE_IDLE_MS", "5"), ("LEASE_HANDOFF_RUNS", "8")):
+        monkeypatch.setenv(f"TENSORWASM_{name}", value)
+    assert not hasattr(Settings(), "lease_hold_ms")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import math
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -11,10 +13,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.errors import ApiError
+from app.contract.messages import Principal
 from app.observability import context as ctx
 from app.platform import Platform
-from app.services.api_keys import KEY_PREFIX, ApiKeyService, hash_key
-from app.services.principal import TenantPrincipal
+from app.services.api_keys import ApiKeyService, hash_key, key_shaped
+from app.services.auth_failures import address_key
 
 
 async def get_platform(request: Request) -> Platform:
@@ -49,20 +52,30 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
 
 
+def _failed(platform: Platform, address: str, message: str = "invalid or revoked API key") -> ApiError:
+    """A failed authentication, charged to its address."""
+    platform.auth_failures.failed(address)
+    platform.metrics.auth_failed(throttled=False)
+    return _unauthorized(message)
+
+
+def _too_many_failures(platform: Platform, wait_s: float) -> ApiError:
+    platform.metrics.auth_failed(throttled=True)
+    s = platform.settings
+    return ApiError(
+        429, "too_many_auth_failures",
+        f"too many failed authentications from this address (at most {s.auth_failures_per_s:g} a second after a burst of "
+        f"{s.auth_failure_burst}); wait and check the credentials",
+        {"Retry-After": str(max(1, math.ceil(wait_s)))},
+    )
+
+
 _MISSING = "missing credentials: send `Authorization: Bearer <token>`"
 Credentials = HTTPAuthorizationCredentials | None
 
 
-def _token(credentials: Credentials) -> str:
-    if credentials is None or not credentials.credentials.strip():
-        raise _unauthorized(_MISSING)
-    return credentials.credentials.strip()
-
-
-def _bearer(request: Request) -> str:
-    """The token, parsed by hand for the invoke route (no dependencies on the hot path)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+def _bearer(header: bytes) -> str:
+    scheme, _, token = header.decode("latin-1").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized(_MISSING)
     return token.strip()
@@ -73,48 +86,116 @@ def _is_admin(platform: Platform, token: str) -> bool:
     return bool(admin) and hmac.compare_digest(token.encode(), admin.encode())
 
 
-async def require_admin(platform: PlatformDep, credentials: Annotated[Credentials, Depends(admin_bearer)]) -> None:
-    token = _token(credentials)
-    if _is_admin(platform, token):
-        return
-    if token.startswith(KEY_PREFIX) and await _tenant_for(platform, token) is not None:
-        raise ApiError(403, "forbidden", "tenant API keys cannot call admin routes; use the admin token")
-    raise _unauthorized("invalid admin token")
-
-
-async def _tenant_for(platform: Platform, token: str) -> TenantPrincipal | None:
+async def _tenant_for(platform: Platform, token: str, address: str) -> Principal | None:
+    """The key's tenant; None for a key that is not one. Only a key-shaped token not seen
+    lately (found or missing) is looked up, and only while its address may still fail."""
+    if not key_shaped(token):
+        return None
     digest = hash_key(token)
-    principal = platform.auth_cache.get(digest)
+    cache = platform.auth_cache
+    principal = cache.get(digest)
     if principal is not None:
         return principal
+    if cache.is_missing(digest):
+        return None
+    wait_s = platform.auth_failures.wait_s(address)
+    if wait_s:
+        raise _too_many_failures(platform, wait_s)
     async with platform.sessionmaker() as session:
         found = await ApiKeyService(session).authenticate(token)
-        if found is None:
-            return None
-        key_id, principal = found
+    if found is None:
+        cache.put_missing(digest)
+        return None
+    key_id, principal = found
     platform.recorder.touch_key(key_id, platform.clock())
-    platform.auth_cache.put(digest, key_id, principal)
+    cache.put(digest, key_id, principal)
     return principal
 
 
-async def require_tenant(platform: PlatformDep, credentials: Annotated[Credentials, Depends(tenant_bearer)]) -> TenantPrincipal:
-    return await _tenant_or_error(platform, _token(credentials))
+async def admit_admin(platform: Platform, header: bytes, host: str | None) -> None:
+    """The admin token, or 401 (403 for a tenant key; 429 for an address failing too often)."""
+    token = _bearer(header)
+    if _is_admin(platform, token):
+        return
+    address = address_key(host)
+    wait_s = platform.auth_failures.wait_s(address)
+    if wait_s:
+        raise _too_many_failures(platform, wait_s)
+    if await _tenant_for(platform, token, address) is not None:
+        raise ApiError(403, "forbidden", "tenant API keys cannot call admin routes; use the admin token")
+    raise _failed(platform, address, "invalid admin token")
 
 
-async def authenticate_tenant(request: Request, platform: Platform) -> TenantPrincipal:
-    """The calling tenant, or 401/403, for the invoke route (which uses no dependencies)."""
-    return await _tenant_or_error(platform, _bearer(request))
-
-
-async def _tenant_or_error(platform: Platform, token: str) -> TenantPrincipal:
-    principal = await _tenant_for(platform, token)
+async def admit_tenant(platform: Platform, header: bytes, host: str | None) -> Principal:
+    """The calling tenant, or 401 (403 for the admin token or a disabled tenant; 429 for an
+    address failing too often)."""
+    token = _bearer(header)
+    address = address_key(host)
+    principal = await _tenant_for(platform, token, address)
     if principal is not None:
         ctx.tenant.set(principal.name)
         return principal
     if _is_admin(platform, token):
         raise ApiError(403, "forbidden", "the admin token cannot call tenant routes; use a tenant API key")
-    raise _unauthorized("invalid or revoked API key")
+    raise _failed(platform, address)
+
+
+async def admit_metrics(platform: Platform, header: bytes, host: str | None) -> None:
+    """/metrics names every tenant in its labels: with a metrics token set it needs that token;
+    without one it answers loopback callers (or everyone, with TENSORWASM_METRICS_PUBLIC), and
+    others must send the admin token. Failures count against the address like any other."""
+    settings = platform.settings
+    if not settings.metrics_token and (settings.metrics_public or _loopback(host)):
+        return
+    address = address_key(host)
+    wait_s = platform.auth_failures.wait_s(address)
+    if wait_s:
+        raise _too_many_failures(platform, wait_s)
+    token = header.decode("latin-1").removeprefix("Bearer ").strip()
+    expected = settings.metrics_token or settings.admin_token or ""
+    if expected and hmac.compare_digest(token.encode(), expected.encode()):
+        return
+    if settings.metrics_token:
+        raise _failed(platform, address, "send `Authorization: Bearer <metrics token>`")
+    raise _failed(
+        platform, address, "/metrics answers other hosts with a token: send `Authorization: Bearer <admin token>`, or set TENSORWASM_METRICS_TOKEN"
+    )
+
+
+def _loopback(host: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def _header(request: Request) -> bytes:
+    return request.headers.get("authorization", "").encode("latin-1")
+
+
+def _host(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+# The routes' dependencies: the gate (app/api/gate.py) has admitted the caller before the body;
+# these read what it found, and check again only where no gate ran.
+async def require_admin(request: Request, platform: PlatformDep, _: Annotated[Credentials, Depends(admin_bearer)]) -> None:
+    if not request.scope.get("state", {}).get("admin"):
+        await admit_admin(platform, _header(request), _host(request))
+
+
+async def require_tenant(request: Request, platform: PlatformDep, _: Annotated[Credentials, Depends(tenant_bearer)]) -> Principal:
+    return await authenticate_tenant(request, platform)
+
+
+async def authenticate_tenant(request: Request, platform: Platform) -> Principal:
+    """The calling tenant (the invoke route resolves it with this, without dependencies)."""
+    principal: Principal | None = request.scope.get("state", {}).get("principal")
+    if principal is not None:
+        ctx.tenant.set(principal.name)
+        return principal
+    return await admit_tenant(platform, _header(request), _host(request))
 
 
 AdminDep = Depends(require_admin)
-TenantDep = Annotated[TenantPrincipal, Depends(require_tenant)]
+TenantDep = Annotated[Principal, Depends(require_tenant)]

@@ -1,4 +1,4 @@
-"""The error envelope of DESIGN.md: every failure is {"error": {"code", "message"}}.
+"""The error envelope (docs/architecture.md, "Messages and errors"): every failure is {"error": {"code", "message"}}.
 
 The one place where errors become HTTP: the domain errors of services and the queue
 (app/errors.py) map to statuses through `DOMAIN_STATUS`; `ApiError` is for the refusals the API
@@ -7,13 +7,16 @@ layer makes itself (bodies, credentials, parameters only a router sees).
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -118,6 +121,59 @@ _HTTP_CODES = {
 }
 
 
+ErrorHandler = Callable[[Request, Exception], Any]
+
+
+def handler_for(app: FastAPI, exc: Exception) -> ErrorHandler | None:
+    """The app's handler for `exc` as FastAPI's exception middleware picks it (the closest
+    class), for code that runs outside FastAPI's routing; the catch-all for Exception belongs
+    to the server-error middleware outside."""
+    handlers: dict[Any, ErrorHandler] = app.exception_handlers
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        if cls in handlers:
+            return handlers[cls]
+    return None
+
+
+async def handle(app: FastAPI, request: Request, exc: Exception) -> Response:
+    """`exc` answered by the app's own handler, as from a route; re-raised when it has none."""
+    handler = handler_for(app, exc)
+    if handler is None:
+        raise exc
+    if inspect.iscoroutinefunction(handler):
+        return cast(Response, await handler(request, exc))
+    return cast(Response, await run_in_threadpool(handler, request, exc))
+
+
+JSON_BODY_HINT = "send Content-Type: application/json with a JSON object body"
+_NOT_AN_OBJECT = frozenset({"model_attributes_type", "model_type", "dict_type"})
+
+
+def _body_message(request: Request, err: Mapping[str, Any]) -> str | None:
+    """What to say when a JSON route's body is not a JSON object at all (not JSON, empty, a
+    list): pydantic's own words ("Input should be a valid dictionary ...") do not say what to
+    send. None for an error inside the object (a field's value), which pydantic says well."""
+    loc = tuple(err.get("loc", ()))
+    if not loc or loc[0] != "body":
+        return None
+    kind = err.get("type")
+    if kind == "json_invalid":
+        why = (err.get("ctx") or {}).get("error") or "JSON decode error"
+        return f"the body is not valid JSON ({why}): {JSON_BODY_HINT}"
+    if len(loc) != 1 or (kind not in _NOT_AN_OBJECT and kind != "missing"):
+        return None
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and ctype != "application/json" and not ctype.endswith("+json"):
+        return f"the body was sent as {ctype}, not JSON: {JSON_BODY_HINT}"
+    if kind == "missing":
+        return f"the body is empty: {JSON_BODY_HINT}"
+    got = type(err.get("input")).__name__
+    named = {"list": "a JSON array", "str": "a JSON string", "int": "a JSON number", "float": "a JSON number", "bool": "a JSON boolean"}
+    return f"the body is {named.get(got, 'not a JSON object')}: {JSON_BODY_HINT}"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -133,7 +189,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return envelope(status, exc.code, exc.message, headers)
 
     @app.exception_handler(Rejected)
-    async def _rejected(_: Request, exc: Rejected) -> JSONResponse:
+    async def _rejected(request: Request, exc: Rejected) -> JSONResponse:
+        principal = request.scope.get("state", {}).get("principal")
+        if principal is not None:
+            request.app.state.metrics.rejected(principal.name, exc.reason.value)
         return envelope(429, "rate_limited", exc.message, {"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(NoCapacity)
@@ -153,9 +212,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return envelope(500, "internal", "internal error; the request was not completed")
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for err in exc.errors():
+            whole = _body_message(request, err)
+            if whole is not None:  # the body as a whole is wrong: nothing else is worth saying
+                return envelope(422, "validation_error", whole)
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
         return envelope(422, "validation_error", "; ".join(parts) or "invalid request")

@@ -10,22 +10,18 @@ alike; one that has none propagates to the server-error handler outside, as from
 
 from __future__ import annotations
 
-import inspect
 import re
-from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.errors import handle
 from app.api.routers.invoke import invoke_function, router
 from app.api.schemas import NAME_PATTERN
 
 _PREFIX, _SUFFIX = "/v1/functions/", "/invoke"
 _TEMPLATE = f"{_PREFIX}{{name}}{_SUFFIX}"
 _NAME = re.compile(NAME_PATTERN)
-Handler = Callable[[Request, Exception], Any]
 
 
 class InvokeFastPath:
@@ -46,13 +42,7 @@ class InvokeFastPath:
         try:
             response = await invoke_function(name, request)
         except Exception as exc:
-            handler = self._handler(exc)
-            if handler is None:
-                raise
-            if inspect.iscoroutinefunction(handler):
-                response = await handler(request, exc)
-            else:
-                response = await run_in_threadpool(handler, request, exc)
+            response = await handle(self.fastapi, request, exc)
         await response(scope, receive, send)
 
     def _plain_invoke(self, scope: Scope) -> str | None:
@@ -69,14 +59,3 @@ class InvokeFastPath:
             if key == b"accept" and b"text/event-stream" in value:
                 return None
         return name
-
-    def _handler(self, exc: Exception) -> Handler | None:
-        """The app's handler for `exc` as FastAPI's exception middleware picks it (the closest
-        class); the catch-all for Exception belongs to the server-error middleware outside."""
-        handlers: dict[Any, Handler] = self.fastapi.exception_handlers
-        for cls in type(exc).__mro__:
-            if cls is Exception:
-                return None
-            if cls in handlers:
-                return handlers[cls]
-        return None

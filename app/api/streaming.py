@@ -1,10 +1,30 @@
-"""A streaming response that notices a client going away even while nothing is being sent."""
+"""Responses that never leave the server a second copy of a large body."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+
 import anyio
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from app.services.streaming import SLICE, slices
+
+
+class SlicedResponse(Response):
+    """A Response whose body (its Content-Length set up front) goes out in slices of at most
+    SLICE bytes, each sent once the server took the previous one."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if len(self.body) <= SLICE:
+            await super().__call__(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        end = len(self.body)
+        for i, piece in enumerate(slices(self.body), 1):
+            await send({"type": "http.response.body", "body": piece, "more_body": i * SLICE < end})
+        if self.background is not None:
+            await self.background()
 
 
 class DisconnectAwareStream(StreamingResponse):
@@ -28,3 +48,17 @@ class DisconnectAwareStream(StreamingResponse):
 
             tg.start_soon(stream)
             tg.start_soon(listen)
+
+
+class StoredOutputResponse(DisconnectAwareStream):
+    """A stored output of `size` bytes (its Content-Length up front), read a piece at a time as
+    it is sent, each piece in slices: a front holds a piece, not the output."""
+
+    def __init__(self, pieces: AsyncIterable[bytes], size: int, media_type: str, headers: Mapping[str, str]) -> None:
+        super().__init__(_sliced(pieces), media_type=media_type, headers={**headers, "Content-Length": str(size)})
+
+
+async def _sliced(pieces: AsyncIterable[bytes]) -> AsyncIterator[bytes | memoryview]:
+    async for piece in pieces:
+        for part in slices(piece):
+            yield part

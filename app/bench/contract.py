@@ -44,7 +44,7 @@ def _run() -> Run:
 
 
 def _lease() -> LeaseRequest:
-    quota = Quota(256 << 20, 4, 100.0, 50, 16 << 20, 256 << 20, 10_000, 100)
+    quota = Quota(256 << 20, 4, 100.0, 50, 16 << 20, 256 << 20, 10_000, 100, 1 << 30)
     return LeaseRequest(17, Principal("d4c6a8e1f3b5d7a9c2e4f7c3a1f0e9b2", "acme", quota), 11.0, True, None)
 
 
@@ -72,6 +72,8 @@ class PQuota(BaseModel):
     max_module_bytes: int
     wasm_memory_bytes: int
     timeout_ms: int
+    max_queued: int
+    max_stored_bytes: int
 
 
 class PPrincipal(BaseModel):

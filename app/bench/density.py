@@ -4,7 +4,9 @@ Each phase drives a real node over HTTP with an echo guest, one tenant per API k
 
 - bound: `bound_tenants` tenants called once each, one after another, on a node with a worker for
   every one of them: the cold call (the bind of a worker to the tenant included). The calls start
-  once the node's `bound_spares` spares are ready.
+  once the node's `bound_spares` spares are ready; with neither `bound_spares` nor `spares` given
+  the node keeps its default spares (and those it keeps ahead of arriving tenants), and the calls
+  start once one is ready.
 - burst: the same tenants' calls fired all at once, each to its bound worker.
 - churn: more tenants than workers, `clients` callers picking a tenant at random per call: the
   goodput, and the tenant switch rate (binds per second, from the node's bind histogram) against
@@ -66,7 +68,7 @@ class DensityConfig:
     ceiling: int = 8  # TENSORWASM_MAX_CONTEXTS_PER_DEVICE of the ceiling node
     ceiling_tenants: int = 24
     ceiling_rounds: int = 3
-    spares: int = 2
+    spares: int = 0  # TENSORWASM_WARM_SPARES of each node; 0: the node's default
     # spares of the bound node, all ready before its first call (0: `spares`): a node that keeps
     # as many spares as tenants arrive back to back binds each from a ready context
     bound_spares: int = 0
@@ -349,9 +351,11 @@ def _node(cfg: DensityConfig, max_workers: int, spares: int | None = None, **env
     if cfg.url:
         yield cfg.url
         return
+    warm = cfg.spares if spares is None else spares
+    if warm:  # else the node's default
+        env["TENSORWASM_WARM_SPARES"] = str(warm)
     with server(
-        TENSORWASM_BACKEND=cfg.backend, TENSORWASM_MAX_WORKERS=str(max_workers),
-        TENSORWASM_WARM_SPARES=str(cfg.spares if spares is None else spares), TENSORWASM_QUEUE_WAIT_MS=str(cfg.queue_wait_ms), **env,
+        TENSORWASM_BACKEND=cfg.backend, TENSORWASM_MAX_WORKERS=str(max_workers), TENSORWASM_QUEUE_WAIT_MS=str(cfg.queue_wait_ms), **env,
     ) as base:
         yield base
 
@@ -371,12 +375,12 @@ def run_density(cfg: DensityConfig) -> dict[str, Any]:
         starts_full = round(asyncio.run(fork_starts_per_s(cfg.backend, n, batches=3, held=held)), 2)
     if cfg.phases & {Phase.BOUND, Phase.BURST}:
         # a worker for every tenant, and the spares beside them
-        spares = cfg.bound_spares or cfg.spares
-        with _node(cfg, cfg.bound_tenants + cfg.spares, spares) as base:
+        spares = cfg.bound_spares or cfg.spares  # 0: the node's default
+        with _node(cfg, cfg.bound_tenants + max(1, cfg.spares), spares) as base:
             keys = setup_tenants(base, "bound", cfg.bound_tenants, cfg)
             if Phase.BOUND in cfg.phases:
-                ready = wait_spares(base, spares, cfg.admin_token)
-                res["bound"] = asyncio.run(bound_in_turn(base, keys)) | {"spares": spares, "spares_ready": ready}
+                ready = wait_spares(base, max(1, spares), cfg.admin_token)
+                res["bound"] = asyncio.run(bound_in_turn(base, keys)) | {"spares": spares or "default", "spares_ready": ready}
             if Phase.BURST in cfg.phases:
                 res["burst"] = asyncio.run(all_at_once(base, keys))
             snapshot(base, cfg, res, "bound")
@@ -391,7 +395,7 @@ def run_density(cfg: DensityConfig) -> dict[str, Any]:
         c["switch_to_held_start_ratio"] = round(c["switches_per_s"] / starts_full, 3) if c["switches_per_s"] is not None else None
     if Phase.CEILING in cfg.phases:
         # the churn node's workers at most: on a node without the ceiling setting they are the limit
-        max_workers = min(cfg.ceiling_tenants + cfg.spares, cfg.workers)
+        max_workers = min(cfg.ceiling_tenants + max(1, cfg.spares), cfg.workers)
         with _node(cfg, max_workers, TENSORWASM_MAX_CONTEXTS_PER_DEVICE=str(cfg.ceiling)) as base:
             keys = setup_tenants(base, "ceiling", cfg.ceiling_tenants, cfg)
             bound_s = (cfg.queue_wait_ms + cfg.timeout_ms) / 1000 + 1.0
@@ -413,8 +417,9 @@ def report(res: dict[str, Any]) -> str:
     lines = []
     if "bound" in res:
         b = res["bound"]
+        ready = f"{b['spares_ready']} of {b['spares']}" if b["spares"] != "default" else f"the node's default, {b['spares_ready']}"
         lines += [
-            f"bound in turn ({b['tenants']} tenants, one call each, {b['spares_ready']} of {b['spares']} spares ready at the first)",
+            f"bound in turn ({b['tenants']} tenants, one call each, {ready} spares ready at the first)",
             _row("cold call", _lat(b["cold_ms"])), _row("statuses", b["statuses"]),
         ]
     if "burst" in res:

@@ -1,6 +1,7 @@
 """The floor of the node's shape: a bare FastAPI app that hands each body to another process.
 
-DESIGN.md puts a call's bytes in a worker process apart from the HTTP front. This baseline does
+A node puts a call's bytes in a worker process apart from the HTTP front (docs/architecture.md,
+"The node"). This baseline does
 only that and nothing of the project: the `/echo` route sends the body over a unix socket (a
 4-byte length, then the bytes) to a plain echo process and answers with what comes back. What it
 costs above `app.bench.echo_app` is the price of one process hop, paid by any design that keeps

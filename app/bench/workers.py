@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.settings import Settings
-from app.worker.client import WorkerHandle
 from app.worker.forkserver import ForkServer
+from app.worker.handle import WorkerHandle
 
 
 def _pss_mib(pid: int) -> float:

@@ -9,18 +9,20 @@ from typing import Any
 import click
 
 from app.api.schemas import Quota
-from app.cli.context import Config, emit, emit_table, pass_config, status
+from app.cli.completion import complete_tenants
+from app.cli.context import Config, FiniteFloat, emit, emit_table, pass_config, status
 
 TENANT_COLUMNS = ("id", "name", "disabled")
 KEY_COLUMNS = ("id", "prefix", "created_at", "last_used_at", "revoked_at")
 WORKER_COLUMNS = ("id", "pid", "state", "backend", "tenant", "gpu_bytes_in_use", "gpu_bytes_cap", "invocations")
+NODE_COLUMNS = ("id", "host", "alive", "started_at", "last_seen")
 
 
 
 def quota_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """One flag per quota field, taken from the API's schema so the two never drift."""
     for field, info in reversed(list(Quota.model_fields.items())):
-        kind = float if info.annotation is float else int
+        kind: click.ParamType = FiniteFloat() if info.annotation is float else click.INT
         f = click.option(f"--{field.replace('_', '-')}", field, type=kind, help=info.description)(f)
     return f
 
@@ -31,7 +33,7 @@ def given(fields: dict[str, Any]) -> dict[str, Any]:
 
 @click.group()
 def admin() -> None:
-    """Tenants, quotas, API keys and workers (needs the admin token)."""
+    """Tenants, quotas, API keys, workers and nodes (needs the admin token)."""
 
 
 @admin.command("create-tenant")
@@ -58,7 +60,7 @@ def list_tenants(cfg: Config) -> None:
 
 
 @admin.command("get")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @pass_config
 def get_tenant(cfg: Config, tenant: str) -> None:
     """Show a tenant and its quota."""
@@ -67,7 +69,7 @@ def get_tenant(cfg: Config, tenant: str) -> None:
 
 
 @admin.command("set-quota")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @quota_options
 @click.option("--replace", is_flag=True, help="replace the whole quota: omitted fields take the defaults")
 @pass_config
@@ -81,7 +83,7 @@ def set_quota(cfg: Config, tenant: str, replace: bool, **quota: Any) -> None:
 
 
 @admin.command("disable")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @pass_config
 def disable(cfg: Config, tenant: str) -> None:
     """Disable a tenant: its keys stop working at once, its data stays."""
@@ -90,7 +92,7 @@ def disable(cfg: Config, tenant: str) -> None:
 
 
 @admin.command("enable")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @pass_config
 def enable(cfg: Config, tenant: str) -> None:
     """Enable a disabled tenant again."""
@@ -99,7 +101,7 @@ def enable(cfg: Config, tenant: str) -> None:
 
 
 @admin.command("delete")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @click.option("--yes", is_flag=True, help="do not ask")
 @pass_config
 def delete(cfg: Config, tenant: str, yes: bool) -> None:
@@ -112,7 +114,7 @@ def delete(cfg: Config, tenant: str, yes: bool) -> None:
 
 
 @admin.command("create-key")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @pass_config
 def create_key(cfg: Config, tenant: str) -> None:
     """Mint an API key; prints the key alone (it is shown only once)."""
@@ -126,7 +128,7 @@ def create_key(cfg: Config, tenant: str) -> None:
 
 
 @admin.command("list-keys")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @pass_config
 def list_keys(cfg: Config, tenant: str) -> None:
     """List a tenant's API keys (prefixes only)."""
@@ -135,7 +137,7 @@ def list_keys(cfg: Config, tenant: str) -> None:
 
 
 @admin.command("revoke-key")
-@click.argument("tenant")
+@click.argument("tenant", shell_complete=complete_tenants)
 @click.argument("key_id")
 @pass_config
 def revoke_key(cfg: Config, tenant: str, key_id: str) -> None:
@@ -151,3 +153,11 @@ def workers(cfg: Config) -> None:
     """Every worker of the node: state, bound tenant, GPU bytes in use and cap."""
     with cfg.admin() as c:
         emit_table(cfg, c.list_workers(), WORKER_COLUMNS)
+
+
+@admin.command("nodes")
+@pass_config
+def nodes(cfg: Config) -> None:
+    """The cluster's nodes sharing the database: host, last start, last heartbeat, alive."""
+    with cfg.admin() as c:
+        emit_table(cfg, c.list_nodes(), NODE_COLUMNS)

@@ -6,7 +6,10 @@ import sys
 
 import click
 
+from app.cli.completion import complete_functions
 from app.cli.context import Config, emit, emit_table, pass_config
+from app.client import TensorWasmError
+from app.queue.states import InvocationStatus
 
 INVOCATION_COLUMNS = ("id", "function", "version", "status", "started_at", "duration_ms", "exit_code", "error")
 
@@ -17,7 +20,7 @@ def invocations() -> None:
 
 
 @invocations.command("list")
-@click.option("--function", help="only this function's invocations")
+@click.option("--function", help="only this function's invocations", shell_complete=complete_functions)
 @click.option("--status", help="only invocations in this status (e.g. guest_error)")
 @click.option("--limit", type=click.IntRange(1, 1000), help="at most this many, newest first")
 @click.option("--cursor", help="the next page: the cursor the previous page printed")
@@ -44,10 +47,32 @@ def get_invocation(cfg: Config, invocation_id: str) -> None:
 @click.argument("invocation_id")
 @pass_config
 def output(cfg: Config, invocation_id: str) -> None:
-    """Write the stored stdout of a finished asynchronous invocation."""
+    """Write the stored stdout of a finished asynchronous invocation.
+
+    Exits 0 only if it succeeded; otherwise whatever stdout it stored is still written, stderr
+    says how it ended (status, exit code, error, stderr tail) and the command exits 1.
+    """
     with cfg.tenant() as c:
-        sys.stdout.buffer.write(c.invocation_output(invocation_id))
+        record = c.get_invocation(invocation_id)
+        if not record.status.ended or record.status == InvocationStatus.SUCCEEDED:
+            sys.stdout.buffer.write(c.invocation_output(invocation_id))  # 409 not_finished, 410 expired: errors
+            sys.stdout.flush()
+            return
+        try:
+            stored = c.invocation_output(invocation_id, any_status=True)
+        except TensorWasmError as exc:
+            if exc.status != 410:
+                raise
+            stored = b""  # expired: the record remains, and says how it ended
+    sys.stdout.buffer.write(stored)
     sys.stdout.flush()
+    line = f"error: invocation {record.id} ended {record.status}"
+    if record.exit_code is not None:
+        line += f" (exit code {record.exit_code})"
+    click.echo(line + (f": {record.error}" if record.error else ""), err=True)
+    if record.stderr_tail:
+        click.echo(f"stderr_tail: {record.stderr_tail}", err=True)
+    raise SystemExit(1)
 
 
 @invocations.command("cancel")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from app.cli.completion import complete_kernels
 from app.cli.context import Config, emit, emit_table, pass_config, status
 
 KERNEL_COLUMNS = ("name", "size", "sha256", "updated_at")
@@ -17,7 +18,7 @@ def kernels() -> None:
 
 
 @kernels.command("put")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_kernels)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @pass_config
 def put(cfg: Config, name: str, file: Path) -> None:
@@ -35,7 +36,7 @@ def list_kernels(cfg: Config) -> None:
 
 
 @kernels.command("get")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_kernels)
 @pass_config
 def get(cfg: Config, name: str) -> None:
     """Show a kernel module with its source."""
@@ -44,7 +45,7 @@ def get(cfg: Config, name: str) -> None:
 
 
 @kernels.command("delete")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_kernels)
 @pass_config
 def delete(cfg: Config, name: str) -> None:
     """Delete a kernel module."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from app.cli.context import CliError
 from app.settings import get_settings
 
 
@@ -18,15 +19,20 @@ from app.settings import get_settings
 def serve(host: str | None, port: int | None) -> None:
     """Migrate the database and serve the API (TENSORWASM_PROCESSES fronts on one port)."""
     from app.db.migrate import upgrade
+    from app.node.serve import CannotListen, listener
     from app.node.serve import serve as serve_node
     from app.observability.logging import configure_logging
 
     settings = get_settings()
-    configure_logging(settings)
-    settings.ensure_data_dir()
-    upgrade(settings.resolved_database_url)
+    host, port = host or settings.host, port or settings.port
     try:
-        code = serve_node(settings, host or settings.host, port or settings.port)
+        listener(host, port).close()  # a taken port is said in one line, before anything starts
+        configure_logging(settings)
+        settings.ensure_data_dir()
+        upgrade(settings.resolved_database_url)
+        code = serve_node(settings, host, port)
+    except CannotListen as exc:
+        raise CliError(str(exc)) from None
     except KeyboardInterrupt:
         code = 0  # uvicorn shut down cleanly on Ctrl-C, then raised the signal again for us
     raise SystemExit(code)
@@ -151,7 +157,7 @@ def bench_guest_call(backends: str, calls: int, as_json: bool) -> None:
 @click.option("--ceiling", type=int, default=8, show_default=True, help="TENSORWASM_MAX_CONTEXTS_PER_DEVICE of the ceiling node")
 @click.option("--ceiling-tenants", type=int, default=24, show_default=True, help="tenants called at once past the ceiling")
 @click.option("--ceiling-rounds", type=int, default=3, show_default=True, help="rounds of those calls")
-@click.option("--spares", type=int, default=2, show_default=True, help="TENSORWASM_WARM_SPARES of each node")
+@click.option("--spares", type=int, default=0, help="TENSORWASM_WARM_SPARES of each node (default: the node's own)")
 @click.option(
     "--bound-spares", type=int, default=0,
     help="TENSORWASM_WARM_SPARES of the bound node, whose phase starts once that many are ready (default: --spares)",
@@ -184,6 +190,26 @@ def bench_gpu() -> None:
     from app.gpu.bench import bench_gpu as run
 
     raise SystemExit(run(Namespace()))
+
+
+@bench.command("gpu-share")
+@click.option("--seconds", type=float, default=5.0, show_default=True, help="measured length of each phase")
+@click.option("--heavy-calls", type=click.IntRange(min=1), default=4, show_default=True, help="calls tenant H keeps in flight")
+@click.option("--heavy-ms", type=float, default=20.0, show_default=True, help="length of H's kernel (every SM)")
+@click.option("--blocks", type=int, default=0, help="grid of H's kernel (default: 4 blocks per SM)")
+@click.option("--victim-bytes", type=int, default=1 << 20, show_default=True, help="buffer of V's saxpy")
+@click.option("--victim-repeat", type=int, default=50, show_default=True, help="launches in one call of V")
+@click.option("--victim-weight", type=click.IntRange(1, 100), default=3, show_default=True, help="V's gpu_weight in the weighted phases (H: 1)")
+@click.option("--device", default="", help="the one CUDA_VISIBLE_DEVICES entry the node gets (default: this shell's first, or 0)")
+@click.option("--server-root", help="serve the code of this checkout instead (a baseline)")
+@click.option("--baseline/--no-baseline", default=True, show_default=True, help="also run H alone and V beside H on a node with the share off")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="also write the results here")
+def bench_gpu_share(json_path: Path | None, **opts: Any) -> None:
+    """GPU time per tenant: a small tenant beside one that fills the GPU, weights 1:1 and 3:1 (needs a GPU)."""
+    from app.bench.gpu_share import GpuShareConfig
+    from app.bench.gpu_share import bench_gpu_share as run
+
+    raise SystemExit(run(GpuShareConfig(**opts), json_path))
 
 
 @bench.command("parking")

@@ -17,17 +17,20 @@ from app.contract.messages import WorkerMessage, worker_decoder, worker_encoder
 _HEAD = struct.Struct("<II")
 MAX_HEADER = 16 * 1024 * 1024
 MAX_BODY = 1 << 31
+_SMALL_BODY = 256 * 1024  # read whole; a larger body goes straight into a buffer of its size
 
 Buffer = bytes | bytearray | memoryview
+Payload = bytes | bytearray  # a frame's body as read: a large one in a buffer of its own
 
 
 class ProtocolError(RuntimeError):
     pass
 
 
-def encode(header: WorkerMessage, body: Buffer = b"") -> list[Buffer]:
+def encode(header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> list[Buffer]:
+    """`more`: further parts of the body, sent after it as they are (never joined to it)."""
     raw = worker_encoder.encode(header)
-    return [_HEAD.pack(len(raw), len(body)), raw, body]
+    return [_HEAD.pack(len(raw), len(body) + sum(len(m) for m in more)), raw, body, *more]
 
 
 def _check(hlen: int, blen: int) -> None:
@@ -42,8 +45,8 @@ def _decode(raw: bytes | memoryview) -> WorkerMessage:
         raise ProtocolError(f"bad frame header: {exc}") from None
 
 
-def write_frame(stream: BinaryIO, header: WorkerMessage, body: Buffer = b"") -> None:
-    for part in encode(header, body):
+def write_frame(stream: BinaryIO, header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> None:
+    for part in encode(header, body, *more):
         stream.write(part)
     stream.flush()
 
@@ -66,9 +69,21 @@ def read_frame(stream: BinaryIO) -> tuple[WorkerMessage, bytes] | None:
     return _decode(raw), body
 
 
-async def read_frame_async(reader: asyncio.StreamReader) -> tuple[WorkerMessage, bytes]:
+async def read_frame_async(reader: asyncio.StreamReader) -> tuple[WorkerMessage, Payload]:
     """Raises asyncio.IncompleteReadError when the peer closes."""
     hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     _check(hlen, blen)
-    rest = await reader.readexactly(hlen + blen)
-    return _decode(memoryview(rest)[:hlen]), rest[hlen:]
+    header = _decode(await reader.readexactly(hlen))
+    if blen <= _SMALL_BODY:
+        return header, await reader.readexactly(blen) if blen else b""
+    # A large body (a guest's output, up to the cap) is read piece by piece into its own buffer:
+    # readexactly would hold all of it in the stream's buffer and then copy it out whole.
+    body = bytearray(blen)
+    view, got = memoryview(body), 0
+    while got < blen:
+        piece = await reader.read(blen - got)
+        if not piece:
+            raise asyncio.IncompleteReadError(bytes(view[:got]), blen)
+        view[got : got + len(piece)] = piece
+        got += len(piece)
+    return header, body

@@ -7,8 +7,28 @@ Two channels, each a tagged union of msgspec Structs encoded as MessagePack:
   result). A frame is `u32 header_len | u32 body_len | header | body` (app/contract/frames.py);
   bodies (stdin, stdout + stderr tail, chunks) stay raw bytes, never inside the header.
 - node messages (`NodeMessage`, tag `t`): front <-> supervisor over the supervisor's unix socket:
-  leases, releases, rate checks, views (usage, workers, readiness, metrics) and cache
-  invalidations broadcast to every front.
+  leases of cold calls, releases, rate checks, each tenant's routes, grow hints, failed workers,
+  views (usage, workers, readiness, metrics) and cache invalidations broadcast to every front.
+
+A warm call on a node of several fronts (the tenant has routed workers) sends the supervisor
+nothing; its admission is one step in the shared table (app/node/admission.py):
+
+    front                            admission table               worker
+      |--- admit: rate, in flight, ----->|
+      |    the shortest queue            |
+      |--- Run(route token, start_by), stdin ------------------------>|  FIFO by start_by, run
+      |<-- Chunk* (streamed), Result, stdout + stderr tail -----------|
+      |--- leave: counts given back ---->|
+
+A cold call (no routed worker yet) takes a lease; the binding pushes the tenant's routes:
+
+    front                            supervisor                    worker
+      |--- LeaseRequest(req) ------------>|  admit, bind a worker
+      |<-- Routes(tenant) ----------------|  (to every front)
+      |<-- Granted(req, token) -----------|  (or Refusal(req))
+      |--- Run(lease=token), stdin ---------------------------------->|  check the token, run
+      |<-- Chunk* (streamed), Result, stdout + stderr tail -----------|
+      |--- ReleaseLease(outcome) -------->|  the worker idle again, or replaced
 
 Neither side ever unpickles what the other wrote: decoding validates types against these
 definitions, so a compromised worker cannot run code in a front or the supervisor.
@@ -96,6 +116,11 @@ class Bind(_W, tag="bind"):
     kernels: dict[str, str] | None = None
     worker_id: str = ""
     secret: bytes = b""  # the node's lease-token key (empty: runs come only over the pipe)
+    # the node's GPU share table and this worker's row in it (none: launches are never held)
+    share_path: str = ""
+    share_row: int = -1
+    device: int = 0
+    gpu_weight: int = 1
 
 
 class Done(_W, tag="ok"):
@@ -115,13 +140,13 @@ class Exit(_W, tag="exit"):
 
 
 class LeaseToken(msgspec.Struct, frozen=True):
-    """Proof that the supervisor leased this worker for this tenant, for at most `runs` runs:
-    HMAC(secret, id|worker|tenant|runs)."""
+    """Proof that the supervisor leased this worker for this tenant, for one run:
+    HMAC(secret, id|worker|tenant). A route's token (lease_id "") admits any number of runs of
+    the tenant: the worker is bound to it and its fronts send calls straight to it."""
 
     lease_id: str
     tenant_id: str
     mac: bytes
-    runs: int = 1
 
 
 class Run(_W, tag="run"):
@@ -140,6 +165,10 @@ class Run(_W, tag="run"):
     traceparent: str | None = None
     stream: bool = False  # stdout as Chunk frames while the guest runs, then the Result
     lease: LeaseToken | None = None  # required on a front's socket
+    start_by: float = 0.0  # CLOCK_MONOTONIC: a run still queued then is refused (late), not started
+    args: list[str] = msgspec.field(default_factory=list)  # argv after the function's name
+    files: str = ""  # sha256 of the function's unpacked file bundle, the guest's `/` ("": none)
+    scratch_bytes: int = 0  # > 0: the guest gets a writable copy of the files, capped at this size
 
 
 class HostCounts(msgspec.Struct, omit_defaults=True):
@@ -167,10 +196,17 @@ class Result(_W, tag="result"):
     spans: list[dict[str, Any]] | None = None
 
 
+class RefuseReason(StrEnum):
+    TOKEN = "token"  # bad or spent lease token, another tenant
+    KERNELS = "kernels"  # the worker holds another kernel set: send the sources
+    LATE = "late"  # queued past its start_by
+
+
 class Refused(_W, tag="refused"):
-    """Worker -> front: the run was not started (bad lease token, another tenant)."""
+    """Worker -> front: the run was not started."""
 
     error: str
+    reason: RefuseReason = RefuseReason.TOKEN
 
 
 class Failed(_W, tag="error"):
@@ -186,6 +222,9 @@ class _N(msgspec.Struct, tag_field="t", omit_defaults=True, forbid_unknown_field
 
 
 class Quota(msgspec.Struct, frozen=True):
+    """A tenant's quota: the one shape of it the API, the fronts, the supervisor and the
+    scheduler share (app/services/principal.py builds it from a tenant's row, with its bounds)."""
+
     gpu_memory_bytes: int
     max_concurrency: int
     requests_per_second: float
@@ -194,9 +233,18 @@ class Quota(msgspec.Struct, frozen=True):
     wasm_memory_bytes: int
     timeout_ms: int
     max_queued: int
+    # the columns' defaults: a quota built from a tenant's row always carries the row's values
+    max_stored_bytes: int = 1024**3
+    max_files_bytes: int = 64 * 1024**2
+    scratch_bytes: int = 16 * 1024**2
+    max_secrets: int = 100
+    max_secret_bytes: int = 1024**2
+    gpu_weight: int = 1  # the tenant's share of a device's time against other tenants' (app/gpu/share.py)
 
 
 class Principal(msgspec.Struct, frozen=True):
+    """An authenticated tenant, as every process of a node sees it."""
+
     id: str
     name: str
     quota: Quota
@@ -205,6 +253,37 @@ class Principal(msgspec.Struct, frozen=True):
 class Hello(_N, tag="hello"):
     front: int
     pid: int
+
+
+class Route(msgspec.Struct, frozen=True):
+    """One worker bound to a tenant, as fronts reach it: its socket, its slot in the node's
+    admission table (its queue length), its stats page (what it is running) and its token."""
+
+    worker_id: str
+    socket: str
+    slot: int
+    page: str
+    token: LeaseToken
+
+
+class Routes(_N, tag="routes"):
+    """Supervisor -> fronts: the tenant's workers now (empty: none; its calls ask for a lease)."""
+
+    tenant_id: str
+    workers: list[Route]
+
+
+class Grow(_N, tag="grow"):
+    """Front -> supervisor, not answered: the tenant's calls queue at every one of its workers."""
+
+    principal: Principal
+
+
+class WorkerFailed(_N, tag="worker_failed"):
+    """Front -> supervisor: a worker reached by a route failed a call (`outcome`): replace it."""
+
+    worker_id: str
+    outcome: Outcome
 
 
 class LeaseRequest(_N, tag="lease"):
@@ -216,11 +295,7 @@ class LeaseRequest(_N, tag="lease"):
 
 
 class Granted(_N, tag="granted"):
-    """Supervisor -> front. With `hold_s` > 0 the front may keep the lease for more calls of the
-    tenant (their rate already taken) for `hold_s` after the grant, until it releases it or is
-    told to (`Recall`). With `handoffs` > 0 the front may pass the lease, as a call ends, to up to
-    that many calls of the tenant that wait in it for a lease (`Handoff`), until recalled.
-    `token.runs` counts them all: the grant's call, the paid runs, the handoffs."""
+    """Supervisor -> front: the worker is the call's until the front's `ReleaseLease`."""
 
     req: int
     lease_id: str
@@ -228,8 +303,6 @@ class Granted(_N, tag="granted"):
     socket: str
     token: LeaseToken
     kernels_version: str  # what the worker holds now: the front sends sources when it differs
-    hold_s: float = 0.0
-    handoffs: int = 0
 
 
 class RefusalKind(StrEnum):
@@ -249,34 +322,6 @@ class ReleaseLease(_N, tag="release"):
     lease_id: str
     outcome: Outcome
     kernels_version: str = ""  # what the worker holds after the call
-    runs: int = 1  # calls the lease carried (a held lease: more than one)
-    unused: int = 0  # runs granted and paid for but not made: given back to the tenant's rate
-
-
-class Queued(_N, tag="queued"):
-    """Supervisor -> front, with handoffs on: lease request `req` was admitted (rate, queue limit)
-    and waits for a worker. Only such a request may be handed a lease by its front (`Handoff`): one
-    the rate refused must never run, and its refusal may still be on the way."""
-
-    req: int
-
-
-class Handoff(_N, tag="handoff"):
-    """Front -> supervisor: the lease's call ended cleanly and the front passed the lease to its
-    own request `req` of the same tenant, which the supervisor said was `Queued`, whose call runs
-    on it now (hard timeout `hard_timeout_s`). The request leaves the supervisor's queue; the slot
-    goes with the lease. Sent before the run, so the supervisor's deadline covers it."""
-
-    lease_id: str
-    req: int
-    hard_timeout_s: float
-
-
-class Recall(_N, tag="recall"):
-    """Supervisor -> front: a call waits that these held leases may serve. Release each at once
-    when idle, after its call when one runs; start no further call on them."""
-
-    lease_ids: list[str]
 
 
 class CompileSlot(_N, tag="compile_slot"):
@@ -399,8 +444,8 @@ class Changed(_N, tag="changed"):
 
 
 NodeMessage = (
-    Hello | LeaseRequest | Granted | Queued | Refusal | ReleaseLease | Handoff | Recall | CompileSlot | SlotGranted | CompileDone
-    | RateCheck | RateOk | View | ViewReply | Changed
+    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | CompileSlot | SlotGranted | CompileDone | RateCheck | RateOk
+    | View | ViewReply | Changed | Routes | Grow | WorkerFailed
 )
 
 
@@ -410,6 +455,6 @@ node_encoder = msgspec.msgpack.Encoder()
 node_decoder: msgspec.msgpack.Decoder[NodeMessage] = msgspec.msgpack.Decoder(NodeMessage)
 
 
-def lease_mac(secret: bytes, lease_id: str, worker_id: str, tenant_id: str, runs: int = 1) -> bytes:
+def lease_mac(secret: bytes, lease_id: str, worker_id: str, tenant_id: str) -> bytes:
     """The token a worker checks on a front's run, without asking the supervisor."""
-    return hmac.digest(secret, f"{lease_id}|{worker_id}|{tenant_id}|{runs}".encode(), "sha256")
+    return hmac.digest(secret, f"{lease_id}|{worker_id}|{tenant_id}".encode(), "sha256")

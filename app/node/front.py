@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from app.api.edge import server_options
     from app.main import create_app
     from app.node.accept import SharedPortServer
     from app.observability.logging import configure_logging
@@ -34,12 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = get_settings()
     configure_logging(settings)
     sock = socket.socket(fileno=args.fd)  # the family (IPv4/IPv6) comes from the socket itself
+    app = create_app(settings, node_socket=args.ipc, front=args.index, freeze_heap=True)
     config = uvicorn.Config(
-        create_app(settings, node_socket=args.ipc, front=args.index, freeze_heap=True),
+        app,
         log_level=settings.log_level,
         log_config=None,
         access_log=False,
         lifespan="on",
+        **server_options(settings, app.state.metrics.edge_event),  # the edge limits (app/api/edge.py)
     )
     server = SharedPortServer(config, sock)
     server.run()  # uvicorn's loop choice (uvloop with uvicorn[standard]), not asyncio.run's

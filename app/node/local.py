@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from typing import cast
 
-from app.contract.messages import ChangeKind, Outcome, Readiness, Usage, WorkerInfo
+from app.contract.messages import ChangeKind, Outcome, Principal, Readiness, Usage, WorkerInfo
 from app.node.port import CallLease
 from app.scheduler.leases import Lease
 from app.scheduler.scheduler import Scheduler
-from app.services.principal import TenantPrincipal
 
 
 class LocalNode:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    async def lease(self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> Lease:
+    async def lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> Lease:
         return await self.scheduler.lease(principal, check_rate=check_rate)
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:
@@ -26,7 +25,7 @@ class LocalNode:
         # on it, so the worker is replaced (its reply would be orphaned)
         self.release(lease, Outcome.CANCELLED, kernels_version)
 
-    async def check_rate(self, principal: TenantPrincipal) -> None:
+    async def check_rate(self, principal: Principal) -> None:
         self.scheduler.check_rate(principal)
 
     async def usage(self, tenant_id: str) -> Usage:

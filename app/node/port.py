@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from app.contract.messages import ChangeKind, Outcome, Readiness, Run, Usage, WorkerInfo, WorkerMessage
-from app.services.principal import TenantPrincipal
+from app.contract.frames import Payload
+from app.contract.messages import ChangeKind, Outcome, Principal, Readiness, Run, Usage, WorkerInfo, WorkerMessage
 
 
 class CallLease(Protocol):
@@ -16,7 +16,12 @@ class CallLease(Protocol):
     @property
     def kernels_version(self) -> str: ...
 
-    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
+    @property
+    def wait_s(self) -> float:
+        """How long the call may wait at its worker before it starts (0: the worker is its alone)."""
+        ...
+
+    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None = None) -> tuple[WorkerMessage, Payload]:
         """Send the run, return the worker's last frame (a Result) and its body; the Chunk frames
         of a streamed run go to `on_chunk` as they come. Raises WorkerLost."""
         ...
@@ -24,7 +29,7 @@ class CallLease(Protocol):
 
 class NodePort(Protocol):
     async def lease(
-        self, principal: TenantPrincipal, hard_timeout_s: float, traceparent: str | None, check_rate: bool
+        self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool
     ) -> CallLease: ...
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None: ...
@@ -34,7 +39,7 @@ class NodePort(Protocol):
         lease once the worker answers, the worker kept (within `within_s`, else replaced)."""
         ...
 
-    async def check_rate(self, principal: TenantPrincipal) -> None: ...
+    async def check_rate(self, principal: Principal) -> None: ...
 
     async def usage(self, tenant_id: str) -> Usage: ...
 

@@ -9,8 +9,6 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import make_url
-
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -21,6 +19,8 @@ log = logging.getLogger("app.main")  # the name operators already filter on
 
 def describe_database(url: str) -> str:
     """The database URL for the log, its password hidden."""
+    from sqlalchemy.engine import make_url  # here: the supervisor imports no SQLAlchemy otherwise
+
     return make_url(url).render_as_string(hide_password=True)
 
 
@@ -28,7 +28,7 @@ def log_serving(scheduler: Scheduler, settings: Settings, fronts: int = 1) -> No
     devices = sorted({w.device.name for w in scheduler.workers if w.device.name})
     log.info(
         "serving: backend %s, device(s) %s, %d front(s), database %s",
-        scheduler.backend, ", ".join(devices) or "none", fronts, describe_database(settings.resolved_database_url),
+        scheduler.pool.backend, ", ".join(devices) or "none", fronts, describe_database(settings.resolved_database_url),
     )
 
 

@@ -1,4 +1,4 @@
-"""The supervisor of a node of several fronts (DESIGN.md section 1).
+"""The supervisor of a node of several fronts (docs/architecture.md, "Processes" and "The call path").
 
 It binds the node's TCP port, runs the scheduler (workers through the fork server), serves
 leases to the fronts over a unix socket in a private run directory, and starts N front
@@ -10,28 +10,12 @@ the supervisor answers `Granted` with the worker's socket and a token (HMAC of t
 worker and the tenant under a per-node key the workers got at bind); the front sends the run to
 the worker itself and reads the result; it then sends `ReleaseLease` with the outcome.
 
-Held leases: a lease granted at once while no call waits anywhere on the node may be kept by its
-front for more calls of the tenant (`Granted.hold_s`, `TENSORWASM_LEASE_HOLD_MS`), so a warm
-tenant's calls do not come here one by one. Those calls are paid for at the grant (up to the
-tenant's rate over the hold, from the upper half of its burst; what is not used is given back at
-the release), the worker admits at most that many runs on the token, and the deadline below
-covers the hold. As soon as a call has to wait, the held leases that could serve it are recalled
-(`Recall`): those of its tenant, and every tenant's when it waits for anything but its own
-concurrency limit; a call that holds its slot and waits for a worker (a bind, an eviction)
-recalls every held lease again, and none is granted for holding while any call waits for either.
-So FIFO within a tenant, the fair share and evictions work as before.
-
-Handoffs under load: a lease may also carry up to `TENSORWASM_LEASE_HANDOFF_RUNS` calls when its
-front has more calls of the tenant waiting (`Granted.handoffs`). As a call ends, the front passes
-the worker to its own oldest waiting call and says so (`Handoff`): that call's request leaves the
-queue here and takes over the slot, and the lease's deadline is set again for it. Only a request
-admitted here (rate, queue limit) and said so (`Queued`) may be handed a lease; a busy tenant's
-worker then goes from call to call without a release and a grant between them. A front passes
-leases on only while few calls of the tenant wait in it (app/node/client.py says why). Within a
-tenant a front may serve its own calls before older ones of other fronts, at most `handoff runs`
-calls a lease; no handoff is granted, and those granted are recalled, while another tenant's call
-waits for a worker slot or a call waits for a worker to be bound, so the fair share and evictions
-are untouched.
+That is the cold path: a tenant's first call, and any call of a tenant with no bound worker.
+Once bound, the tenant's workers are pushed to every front (`Routes`) and its calls go straight
+from the fronts to them, admitted in the node's shared admission table (app/node/admission.py,
+created here): the supervisor sees no message of a warm call. It hears a front's `Grow` (the
+tenant's calls queue at all its workers) and `WorkerFailed` (replace it), and it reads the table
+before it retires a worker.
 
 The supervisor holds each lease to its hard deadline too: a front that never releases has its
 worker killed. A front whose connection drops has its leases released as cancelled (their
@@ -45,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import getpass
 import itertools
 import logging
@@ -56,12 +39,11 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from app.contract.errors import NoCapacity, Rejected
@@ -72,36 +54,38 @@ from app.contract.messages import (
     CompileDone,
     CompileSlot,
     Granted,
-    Handoff,
+    Grow,
     Hello,
     LeaseRequest,
     LeaseToken,
     NodeMessage,
     Outcome,
     Principal,
-    Queued,
     RateCheck,
     RateOk,
-    Recall,
     Refusal,
     RefusalKind,
     ReleaseLease,
+    Route,
+    Routes,
     SlotGranted,
     View,
     ViewKind,
     ViewReply,
+    WorkerFailed,
     lease_mac,
 )
+from app.node.admission import ADMISSION_FILE, AdmissionTable, sweep_tables, table_path
 from app.node.ipc import MessageProtocol, pack
+from app.node.serve import CannotListen
+from app.node.serve import listener as listen_on
 from app.node.startup import freeze_startup_heap, log_serving
 from app.observability.metrics import attach_scheduler
 from app.observability.stalls import StallWatch, stall_histograms
 from app.observability.tracing import Tracing
 from app.sandbox.limiter import FairLimiter
-from app.scheduler.fairness import Blocked
 from app.scheduler.leases import Lease, Waiting
 from app.scheduler.scheduler import Scheduler
-from app.services.principal import TenantPrincipal, TenantQuota
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -118,31 +102,12 @@ def sweep_run_dirs(base: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-@functools.lru_cache(maxsize=16384)
-def _principal(p: Principal) -> TenantPrincipal:
-    """The scheduler's view of a lease request's tenant. Cached by value (the struct is frozen,
-    its quota included): a lease is the hot path, and the conversion cost ~10x the lookup."""
-    q = p.quota
-    return TenantPrincipal(
-        p.id,
-        p.name,
-        TenantQuota(**msgspec.structs.asdict(q)),
-    )
-
-
 @dataclass(eq=False)
 class _Held:
-    """A lease granted to a front, with its deadline; `hold`: the front may keep it for more calls."""
+    """A lease granted to a front, with its deadline."""
 
     lease: Lease
     timer: asyncio.TimerHandle
-    hold_until: float = 0.0  # (event-loop time) the end of its hold; 0: not held
-    handoff: bool = False  # the front may pass it to its own waiting calls of the tenant
-    recalled: bool = False
-
-    @property
-    def hold(self) -> bool:
-        return self.hold_until > 0
 
 
 @dataclass(eq=False)
@@ -176,14 +141,21 @@ class Supervisor:
         self.ipc_path = str(self.run_dir / "supervisor.sock")
         self.secret = secrets.token_bytes(32)
         self.scheduler = Scheduler(settings, self.secret, self.run_dir)
-        self.scheduler.on_worker_wait = lambda: self._recall_where(lambda held: True)  # an eviction may need any worker
+        # the admission table in shared memory, reached by fronts through a link in the run dir
+        sweep_tables()
+        self.table = AdmissionTable.create(
+            table_path(), settings.processes, settings.admission_tenants, 4 * settings.max_workers + 64
+        )
+        (self.run_dir / ADMISSION_FILE).symlink_to(self.table.path)
+        self.scheduler.pool.table = self.table
+        self.scheduler.on_routes = self._publish_routes
         self.registry = CollectorRegistry(auto_describe=True)
         attach_scheduler(self.registry, self.scheduler)
         self.front_restarts = Counter("tensorwasm_front_restarts", "Front processes started again after they died", registry=self.registry)
-        leases = Counter("tensorwasm_leases", "Leases granted to fronts; held: kept by the front for further calls", ["held"], registry=self.registry)
-        self._granted_one, self._granted_held = leases.labels(held="false"), leases.labels(held="true")
-        self._handoffs = Counter(
-            "tensorwasm_lease_handoffs", "Calls a front ran on a lease it passed on from the tenant's previous call", registry=self.registry,
+        self._leases = Counter("tensorwasm_leases", "Leases granted to fronts, one per call", registry=self.registry)
+        # a warm call sends none: what a tenant's steady state costs the supervisor shows here
+        self._messages = Counter(
+            "tensorwasm_supervisor_messages", "Messages from fronts the supervisor handled, by kind", ["kind"], registry=self.registry
         )
         self.stalls = StallWatch(*stall_histograms(self.registry, "tensorwasm_supervisor"))
         self.tracing = Tracing(settings)
@@ -199,8 +171,13 @@ class Supervisor:
     # -- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.create_server((self.host, self.port), family=family, backlog=4096)
+        try:
+            listener = listen_on(self.host, self.port)  # CannotListen: one line for the command line
+        except CannotListen:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.table.close()
+            self.table.path.unlink(missing_ok=True)
+            raise
         listener.set_inheritable(True)
         server = await loop.create_unix_server(self._front_protocol, path=self.ipc_path)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -222,6 +199,8 @@ class Supervisor:
             await self.scheduler.stop()
             self.tracing.shutdown()
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.table.close()
+            self.table.path.unlink(missing_ok=True)
         return 0
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -233,6 +212,7 @@ class Supervisor:
         """Run front `index`; start it again whenever it dies, until the node stops."""
         failures = 0
         while not self._stopping.is_set():
+            self.table.reclaim(index)  # what a front of this index that died still counted
             env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir), "TENSORWASM_ADMIN_TOKEN": self.settings.admin_token or ""}
             # started from the event loop's thread: the front's parent-death signal follows it
             proc = await asyncio.create_subprocess_exec(
@@ -286,12 +266,11 @@ class Supervisor:
         return MessageProtocol(made, message, lost)
 
     def _on_message(self, front: _Front, msg: NodeMessage) -> None:
+        self._messages.labels(type(msg).__name__).inc()
         if isinstance(msg, LeaseRequest):
             self._lease_request(front, msg)
         elif isinstance(msg, ReleaseLease):
-            self._release(front, msg.lease_id, msg.outcome, msg.kernels_version, msg.runs, msg.unused)
-        elif isinstance(msg, Handoff):
-            self._handoff(front, msg)
+            self._release(front, msg.lease_id, msg.outcome, msg.kernels_version)
         elif isinstance(msg, CompileSlot):
             task = asyncio.get_running_loop().create_task(self._compile_slot(front, msg))
             front.asking.add(task)
@@ -302,7 +281,7 @@ class Supervisor:
                 self.compile_limiter.release(msg.tenant_id)
         elif isinstance(msg, RateCheck):
             try:
-                self.scheduler.check_rate(_principal(msg.principal))
+                self.scheduler.check_rate(msg.principal)
                 front.send(RateOk(msg.req))
             except Rejected as exc:
                 self._refuse(front, msg.req, exc)
@@ -312,8 +291,29 @@ class Supervisor:
             self._applied(front, msg.token)
         elif isinstance(msg, Changed):
             self._changed(front, msg)
+        elif isinstance(msg, Grow):
+            self.scheduler.grow(msg.principal)
+        elif isinstance(msg, WorkerFailed):
+            self.scheduler.worker_failed(msg.worker_id, msg.outcome)
         elif isinstance(msg, Hello):
             front.index, front.pid = msg.front, msg.pid
+            for tenant_id in list(self.scheduler.tenants):  # a front started again: the routes now
+                front.send(self._routes(tenant_id))
+
+    # -- routes -----------------------------------------------------------------------------------
+    def _routes(self, tenant_id: str) -> Routes:
+        routes = []
+        for w in self.scheduler.routed(tenant_id):
+            if w.socket_path is None or w.stats is None:
+                continue
+            token = LeaseToken("", tenant_id, lease_mac(self.secret, "", w.id, tenant_id))
+            routes.append(Route(w.id, w.socket_path, w.slot, str(w.stats.path), token))
+        return Routes(tenant_id, routes)
+
+    def _publish_routes(self, tenant_id: str) -> None:
+        msg = self._routes(tenant_id)
+        for front in self.fronts:
+            front.send(msg)
 
     def _front_gone(self, front: _Front) -> None:
         """Its calls are lost: workers mid-call are replaced, queued calls withdrawn."""
@@ -337,7 +337,7 @@ class Supervisor:
 
     def _lease_request(self, front: _Front, msg: LeaseRequest) -> None:
         """Grant at once when the tenant has an idle worker and may run; else queue the request."""
-        principal = _principal(msg.principal)
+        principal = msg.principal
         with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.wait": False}):
             try:
                 lease = self.scheduler.lease_now(principal, check_rate=msg.check_rate)
@@ -347,12 +347,11 @@ class Supervisor:
         if lease is not None:
             self._granted(front, msg, lease)
             return
-        self._recall(principal)
         if self.tracing.enabled:  # the wait in a task, so that its span covers it
             task = asyncio.get_running_loop().create_task(self._lease(front, msg, principal))
             front.asking.add(task)
             task.add_done_callback(front.asking.discard)
-            return  # never `Queued`: a traced call waits for its own grant
+            return
         # no task while it waits: the release that frees a slot grants it (Scheduler.queue_lease)
         try:
             waiting = self.scheduler.queue_lease(
@@ -365,10 +364,8 @@ class Supervisor:
             return
         if waiting.pending:  # else granted or refused already
             front.waiting[msg.req] = waiting
-            if self.settings.lease_handoff_runs > 1:
-                front.send(Queued(msg.req))  # admitted: its front may hand it a lease
 
-    async def _lease(self, front: _Front, msg: LeaseRequest, principal: TenantPrincipal) -> None:
+    async def _lease(self, front: _Front, msg: LeaseRequest, principal: Principal) -> None:
         try:
             with self.tracing.span_in(msg.traceparent, "scheduler.lease", {"tensorwasm.tenant": principal.name, "tensorwasm.wait": True}):
                 lease = await self.scheduler.lease(principal)  # the rate was taken by lease_now
@@ -391,90 +388,27 @@ class Supervisor:
         if front.closed:
             self.scheduler.release(lease, Outcome.CANCELLED)
             return
-        hold_s, runs = self.settings.lease_hold_ms / 1000, 1
-        if hold_s > 0 and msg.check_rate and self.scheduler.waiting() == 0:  # held only while no call waits
-            runs += self.scheduler.prepay(lease, int(principal.quota.requests_per_second * hold_s))
-        if runs == 1:
-            hold_s = 0.0
-        handoffs = self.settings.lease_handoff_runs - 1
-        if handoffs > 0 and self.scheduler.contended(principal.id):
-            handoffs = 0
-        # the front times each call itself; this is the backstop for a front that never answers
-        # (it starts no call on a held lease past hold_s, and each call ends by its hard timeout)
-        now = asyncio.get_running_loop().time()
-        timer = self._deadline(front, lease.id, now + hold_s, msg.hard_timeout_s)
-        front.leases[lease.id] = _Held(lease, timer, now + hold_s if hold_s > 0 else 0.0, handoffs > 0)
-        (self._granted_held if hold_s > 0 else self._granted_one).inc()
+        # the front times the call itself; this is the backstop for a front that never answers
+        grace = self.settings.hard_timeout_grace_ms / 1000
+        timer = asyncio.get_running_loop().call_later(msg.hard_timeout_s + grace, self._overdue, front, lease.id)
+        front.leases[lease.id] = _Held(lease, timer)
+        self._leases.inc()
         w = lease.worker
         assert w.socket_path is not None
-        runs += handoffs
-        token = LeaseToken(lease.id, principal.id, lease_mac(self.secret, lease.id, w.id, principal.id, runs), runs)
-        front.send(Granted(msg.req, lease.id, w.id, w.socket_path, token, lease.kernels_version, hold_s, handoffs))
-
-    def _handoff(self, front: _Front, msg: Handoff) -> None:
-        """The front passed a lease to its own queued request `msg.req`: that request leaves the
-        queue (its call was admitted when it asked) and the lease's deadline now covers its call."""
-        held = front.leases.get(msg.lease_id)
-        if held is None:
-            return  # taken back at its deadline: the worker is gone, and the call fails with it
-        waiting = front.waiting.pop(msg.req, None)
-        if waiting is not None:
-            self.scheduler.withdraw(waiting)
-        # else: granted another lease meanwhile (the front passes it on or gives it back), or
-        # refused at its queue wait as the handoff came: it was admitted, and runs all the same
-        self._handoffs.inc()
-        held.timer.cancel()
-        held.timer = self._deadline(front, msg.lease_id, max(asyncio.get_running_loop().time(), held.hold_until), msg.hard_timeout_s)
-
-    def _deadline(self, front: _Front, lease_id: str, last_start: float, hard_timeout_s: float) -> asyncio.TimerHandle:
-        """The backstop for a front that never answers: a call may start on the lease until
-        `last_start` (event-loop time) and ends by its hard timeout; past both and the grace,
-        its worker is killed."""
-        grace = self.settings.hard_timeout_grace_ms / 1000
-        return asyncio.get_running_loop().call_at(last_start + hard_timeout_s + grace, self._overdue, front, lease_id)
-
-    def _recall(self, principal: TenantPrincipal) -> None:
-        """A call of this tenant has to wait: recall the held leases that could serve it (its
-        tenant's; every tenant's unless it waits for its own concurrency limit), and other
-        tenants' handoffs when it waits for a worker slot only (`FairShare.starved`)."""
-        tenant_id = principal.id
-        holds = self.settings.lease_hold_ms > 0
-        own_limit = holds and self.scheduler.fair.running(tenant_id) >= principal.quota.max_concurrency
-        starved = self.settings.lease_handoff_runs > 1 and self.scheduler.fair.blocked(tenant_id) == Blocked.NO_CAPACITY
-        if not holds and not starved:
-            return  # nothing it may take back: no walk over every lease
-        self._recall_where(
-            lambda held: (held.hold and (not own_limit or held.lease.tenant.principal.id == tenant_id))
-            or (starved and held.handoff and held.lease.tenant.principal.id != tenant_id)
-        )
-
-    def _recall_where(self, which: Callable[[_Held], bool]) -> None:
-        if self.settings.lease_hold_ms == 0 and self.settings.lease_handoff_runs <= 1:
-            return  # no lease is held: every waiting call would walk every lease for nothing
-        for front in self.fronts:
-            ids = []
-            for lease_id, held in front.leases.items():
-                if (held.hold or held.handoff) and not held.recalled and which(held):
-                    held.recalled = True
-                    ids.append(lease_id)
-            if ids:
-                front.send(Recall(ids))
-
-    def _recall_tenant(self, tenant_id: str) -> None:
-        """The tenant changed (quota, disabled, deleted): no front runs more calls on what it holds."""
-        self._recall_where(lambda held: held.lease.tenant.principal.id == tenant_id)
+        token = LeaseToken(lease.id, principal.id, lease_mac(self.secret, lease.id, w.id, principal.id))
+        front.send(Granted(msg.req, lease.id, w.id, w.socket_path, token, lease.kernels_version))
 
     def _overdue(self, front: _Front, lease_id: str) -> None:
         if lease_id in front.leases:
             log.warning("front %d held lease %s past its hard deadline; killing its worker", front.index, lease_id)
             self._release(front, lease_id, Outcome.HARD_TIMEOUT, "")
 
-    def _release(self, front: _Front, lease_id: str, outcome: Outcome, kernels_version: str, runs: int = 1, unused: int = 0) -> None:
+    def _release(self, front: _Front, lease_id: str, outcome: Outcome, kernels_version: str) -> None:
         held = front.leases.pop(lease_id, None)
         if held is None:
             return  # already taken back (deadline) or never granted
         held.timer.cancel()
-        self.scheduler.release(held.lease, outcome, kernels_version, runs, unused)
+        self.scheduler.release(held.lease, outcome, kernels_version)
 
     async def _compile_slot(self, front: _Front, msg: CompileSlot) -> None:
         await self.compile_limiter.acquire(msg.tenant_id)  # cancelled when the front goes
@@ -487,7 +421,6 @@ class Supervisor:
     def _changed(self, origin: _Front, msg: Changed) -> None:
         if msg.kind == ChangeKind.TENANT:
             self.scheduler.tenant_changed(msg.tenant_id)
-            self._recall_tenant(msg.tenant_id)
         if msg.req:
             self._spawn_task(self._change_fronts(origin, msg))
             return

@@ -19,12 +19,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from app.api.edge import EdgeEvent
 from app.contract.messages import HostCounts
 from app.observability.stalls import stall_histograms
-from app.sandbox.client import JobKind
 from app.sandbox.errors import CompileOutcome
+from app.sandbox.pool import JobKind
 
 if TYPE_CHECKING:
+    from app.db.repositories.invocations import Recovered
     from app.queue.runner import QueueRunner
     from app.scheduler.scheduler import Scheduler
 
@@ -32,9 +34,11 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
 RESTART_REASONS = (
     "crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed", "start_refused",
+    "fair_share", "surplus_spare",
 )
 WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
 COMPILE_KINDS = tuple(k.value for k in JobKind)
+AUTH_OUTCOMES = ("refused", "throttled")  # indexed by "throttled"
 COMPILE_OUTCOMES = tuple(o.value for o in CompileOutcome)
 
 
@@ -47,6 +51,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.invocations = Counter("tensorwasm_invocations", "Invocations by tenant, function and outcome", ["tenant", "function", "outcome"], registry=r)
+        # counted where the 429 is answered: a node of several fronts refuses most of them in
+        # the fronts (the shared admission table), never asking the supervisor
+        self.rejections = Counter("tensorwasm_rejections", "Invocations refused with 429, by tenant and reason", ["tenant", "reason"], registry=r)
         self.invocation_seconds = Histogram(
             "tensorwasm_invocation_duration_seconds", "Invocation latency (api view, queueing included)", ["tenant"], buckets=LATENCY_BUCKETS, registry=r
         )
@@ -78,6 +85,42 @@ class Metrics:
             "tensorwasm_async_backlog", "Async invocations queued in the database, not yet started (all nodes)", registry=r, multiprocess_mode="max"
         )
         self.async_running = Gauge("tensorwasm_async_running", "Async invocations this node is running", registry=r, multiprocess_mode="livesum")
+        # the cluster as this node sees it. Every series is this node's (Prometheus tells nodes
+        # apart by the scrape's `instance`); tensorwasm_node_info maps an instance to its node id.
+        # Recoveries are counted by the node that queued the work again, not by the node that died.
+        self.node_info = Gauge(
+            "tensorwasm_node_info", "1, labelled with this node's id (TENSORWASM_NODE_ID) and host", ["node_id", "host"],
+            registry=r, multiprocess_mode="max",
+        )
+        # only the front running the queue runner sets it; "mostrecent" ignores the other fronts'
+        # zeros and a restarted front's stale file
+        self.nodes_alive = Gauge(
+            "tensorwasm_nodes_alive", "Nodes whose heartbeat is recent (this one included), as this node reads the nodes table",
+            registry=r, multiprocess_mode="mostrecent",
+        )
+        self.async_retries = Counter(
+            "tensorwasm_async_retries", "Async invocations this node queued again for another attempt: their node died or stopped", registry=r
+        )
+        self.async_interrupted = Counter(
+            "tensorwasm_async_interrupted", "Async invocations this node ended interrupted: their node died on their last attempt", registry=r
+        )
+        # what the edge of this front turned away (app/api/edge.py), and failed authentications
+        self.edge_closed = Counter(
+            "tensorwasm_edge_closed", "Connections the edge refused or closed, by reason (docs/operations.md)", ["reason"], registry=r
+        )
+        self.auth_failures = Counter(
+            "tensorwasm_auth_failures", "Failed authentications: refused (401) or throttled (429, no lookup)", ["outcome"], registry=r
+        )
+        # callbacks of async invocations, by the outcome of each attempt (app/services/callbacks.py)
+        self.callbacks = Counter(
+            "tensorwasm_callbacks", "Callback attempts: delivered, retried (failed, tried again later), failed (given up)", ["outcome"], registry=r
+        )
+        for outcome in ("delivered", "retried", "failed"):
+            self.callbacks.labels(outcome)
+        for reason in EdgeEvent:
+            self.edge_closed.labels(reason.value)
+        for outcome in AUTH_OUTCOMES:
+            self.auth_failures.labels(outcome)
         for result in ("hit", "miss"):
             self.compile_cache.labels(result)  # present (at 0) before the first GPU module
         for kind in COMPILE_KINDS:
@@ -93,6 +136,15 @@ class Metrics:
         if c is None:
             c = self._children[key] = metric.labels(*values)  # type: ignore[attr-defined]
         return c
+
+    def rejected(self, tenant: str, reason: str) -> None:
+        self.child(self.rejections, tenant, reason).inc()
+
+    def edge_event(self, event: EdgeEvent) -> None:
+        self.child(self.edge_closed, event.value).inc()
+
+    def auth_failed(self, throttled: bool) -> None:
+        self.child(self.auth_failures, AUTH_OUTCOMES[throttled]).inc()
 
     def compile(self, kind: str, outcome: str, seconds: float) -> None:
         self.child(self.compiles, kind, outcome).inc()
@@ -112,13 +164,22 @@ class Metrics:
     def attach_queue(self, runner: QueueRunner) -> None:
         """The async queue's gauges, set by the runner as they change. The backlog is counted in
         the database with each lease check (every third of `TENSORWASM_QUEUE_LEASE_S`), so it is
-        every node's, a few seconds old."""
+        every node's, a few seconds old. The runner's recoveries and its count of live nodes (at
+        each heartbeat) too, and this node's id (one runner per node)."""
 
         def on_counts(backlog: int, running: int) -> None:
             self.async_backlog.set(backlog)
             self.async_running.set(running)
 
         runner.on_counts = on_counts
+
+        def on_recovered(done: Recovered) -> None:
+            self.async_retries.inc(done.requeued)
+            self.async_interrupted.inc(done.interrupted)
+
+        runner.on_recovered = on_recovered
+        runner.on_nodes = self.nodes_alive.set
+        self.node_info.labels(runner.node_id, runner.heartbeat.host).set(1)
 
     def waited(self, tenant: str, seconds: float) -> None:
         self.child(self.wait_seconds, tenant).observe(seconds)
@@ -139,12 +200,12 @@ class Metrics:
 
 
 def attach_scheduler(registry: CollectorRegistry, scheduler: Scheduler) -> None:
-    """The scheduler's own families (cold starts, workers, queues, GPU bytes, restarts,
-    rejections): in the app's registry in a one-process node, in the supervisor's otherwise."""
+    """The scheduler's own families (cold starts, workers, queues, GPU bytes, restarts): in the
+    app's registry in a one-process node, in the supervisor's otherwise."""
     cold = Histogram("tensorwasm_cold_start_seconds", "Binding a tenant to a worker (its context) on demand", buckets=LATENCY_BUCKETS, registry=registry)
     scheduler.on_bind = cold.observe
     start = Histogram("tensorwasm_worker_start_seconds", "A worker's start, fork to ready (its context created)", buckets=LATENCY_BUCKETS, registry=registry)
-    scheduler.on_start = start.observe
+    scheduler.pool.on_start = start.observe
     registry.register(_LiveCollector(scheduler))
 
 
@@ -206,11 +267,14 @@ class _LiveCollector(Collector):
         yield queue
         yield running
 
+        gpu = CounterMetricFamily(
+            "tensorwasm_gpu_seconds", "GPU time charged to each tenant's contexts on each device (work outstanding, wall time)", labels=["tenant", "device"]
+        )
+        for (tenant, device), seconds in sorted(s.gpu_time().items()):
+            gpu.add_metric([tenant, str(device)], seconds)
+        yield gpu
+
         restarts = CounterMetricFamily("tensorwasm_worker_restarts", "Workers replaced, by reason", labels=["reason"])
         for reason in sorted(set(RESTART_REASONS) | set(s.restarts)):
             restarts.add_metric([reason], s.restarts.get(reason, 0))
         yield restarts
-        rejected = CounterMetricFamily("tensorwasm_rejections", "Invocations refused with 429, by tenant and reason", labels=["tenant", "reason"])
-        for (tenant, reason), n in sorted(s.rejections.items()):
-            rejected.add_metric([tenant, reason], n)
-        yield rejected

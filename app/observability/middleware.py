@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -13,9 +14,27 @@ from app.observability.metrics import Metrics
 
 log = logging.getLogger("tensorwasm.access")
 
+# A client's own request id is kept when it is short and plain (it goes into logs and back into
+# the response): up to 128 visible ASCII characters of this set.
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
+
+
+def _tenant(scope: dict[str, Any]) -> str | None:
+    """The calling tenant's name: set in the log context when its key was checked (the gate or
+    a route's dependency), else the principal the gate left in the scope."""
+    name = ctx.tenant.get()
+    if name:
+        return name
+    principal = scope.get("state", {}).get("principal")
+    return getattr(principal, "name", None)
+
 
 class ObservabilityMiddleware:
-    def __init__(self, app: Any, metrics: Metrics, access_log: bool = False) -> None:
+    """Counts each request by method, route template and status; with `access_log` (on by
+    default, TENSORWASM_ACCESS_LOG=false turns it off) one `tensorwasm.access` line per request:
+    method, route template, status, duration and tenant ("-" for none)."""
+
+    def __init__(self, app: Any, metrics: Metrics, access_log: bool = True) -> None:
         self.app = app
         self.metrics = metrics
         self.access_log = access_log
@@ -27,7 +46,8 @@ class ObservabilityMiddleware:
         rid = None
         for k, v in scope["headers"]:
             if k == b"x-request-id":
-                rid = v.decode("latin-1")[:128]
+                if _REQUEST_ID.fullmatch(v):  # anything else is replaced, never echoed
+                    rid = v.decode("ascii")
                 break
         rid = rid or os.urandom(8).hex()
         ctx.request_id.set(rid)
@@ -54,5 +74,5 @@ class ObservabilityMiddleware:
             m = self.metrics
             m.child(m.http_requests, method, template, str(status)).inc()
             m.child(m.http_seconds, method, template).observe(elapsed)
-            if self.access_log:
-                log.info("%s %s %d %.1fms", method, scope["path"], status, elapsed * 1000)
+            if self.access_log and log.isEnabledFor(logging.INFO):  # one line per request, once answered (or abandoned)
+                log.info("%s %s %d %.1fms tenant=%s", method, template, status, elapsed * 1000, _tenant(scope) or "-")

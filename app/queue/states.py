@@ -1,8 +1,12 @@
-"""Invocation modes and statuses (DESIGN.md section 3), stored as their string values."""
+"""Invocation modes and statuses (docs/architecture.md, "Async invocations and streaming"), stored as their string values."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+# runs of one async invocation when its node is lost mid-run (a function setting): 1 = never again
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 10
 
 
 class InvocationMode(StrEnum):

@@ -12,6 +12,7 @@ an artifact without it (one cached before it existed) only builds no instance ah
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -20,9 +21,16 @@ import wasmtime
 
 from app.runtime.engine import config_fingerprint
 
+log = logging.getLogger(__name__)
+
+
+class ArtifactUnavailable(Exception):
+    """A compiled module could not be loaded; the message says why, without a host path."""
+
 
 class ArtifactCache:
     def __init__(self, root: Path) -> None:
+        self.base = root  # the node's cache dir, which holds functions' files too (app/runtime/bundles.py)
         self.root = root / "modules" / config_fingerprint()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -59,5 +67,18 @@ class ArtifactCache:
             os.replace(compiled, path)
         return path
 
+    def remove(self, sha256: str) -> None:
+        """Delete an artifact no kept version uses any more (a worker that loaded it keeps its copy)."""
+        self.path_for(sha256).unlink(missing_ok=True)
+        (self.root / f"{sha256}.nostart").unlink(missing_ok=True)
+
     def load(self, engine: wasmtime.Engine, sha256: str) -> wasmtime.Module:
-        return wasmtime.Module.deserialize_file(engine, str(self.path_for(sha256)))
+        """Raises ArtifactUnavailable, whose message names no host path (tenants read it)."""
+        path = self.path_for(sha256)
+        try:
+            return wasmtime.Module.deserialize_file(engine, str(path))
+        except (wasmtime.WasmtimeError, OSError) as exc:
+            # wasmtime's message names the file: the data dir's place is the operator's to know
+            log.warning("compiled module %s could not be loaded: %s", sha256, exc)
+            why = "it is missing" if not path.exists() else "it is unreadable or damaged"
+            raise ArtifactUnavailable(why) from None

@@ -15,9 +15,10 @@ import tempfile
 from pathlib import Path
 
 from app.runtime.artifacts import ArtifactCache
+from app.runtime.redact import without_host_paths
 from app.runtime.validation import InvalidModule, ModuleInfo
-from app.sandbox.client import JobKind, Sandbox
 from app.sandbox.errors import CompileOutcome, LimitExceeded, SandboxCrashed, SandboxUnavailable
+from app.sandbox.pool import JobKind, Sandbox
 
 
 class ModuleTooComplex(ValueError):
@@ -89,7 +90,7 @@ class ModuleCompiler:
             except SandboxUnavailable as exc:
                 raise CompilerUnavailable(str(exc)) from None
             if result.outcome is CompileOutcome.INVALID:
-                raise InvalidModule(result.data["message"])
+                raise InvalidModule(without_host_paths(result.data["message"]))
             info = ModuleInfo(
                 imports=list(result.data["imports"]),
                 uses_gpu=bool(result.data["uses_gpu"]),

@@ -25,15 +25,31 @@ RawCallback = Callable[[Any, Any, Any, int], int]
 _MEMORY = ffi.WASMTIME_EXTERN_MEMORY.value
 _FUNC = ffi.WASMTIME_EXTERN_FUNC.value
 _NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _env: None)
+# The same C signature with the caller and the value slots as bare addresses: ctypes then builds
+# no pointer object per call, and the callback reads every slot in one `struct` step
+# (app/gpu/linking.py); `caller_pointer` makes the caller's pointer where one is needed.
+SLOTS_BY_ADDRESS = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_CALLER = ctypes.POINTER(ffi.wasmtime_caller_t)
+
+
+# ctypes.string_at without its Python frame (the same foreign function it calls)
+string_at: Callable[[int, int], bytes] = getattr(ctypes, "_string_at", ctypes.string_at)
+
+
+def caller_pointer(address: int) -> Any:
+    return ctypes.cast(address, _CALLER)
 
 
 def define_raw(
     linker: wasmtime.Linker, module: str, name: str, params: tuple[str, ...], results: tuple[str, ...],
-    callback: RawCallback, keepalive: list[Any],
+    callback: RawCallback, keepalive: list[Any], native_type: Any = ffi.wasmtime_func_unchecked_callback_t,
 ) -> None:
-    """Define `module.name` as `callback`. What the native side holds on to goes into `keepalive`,
-    which must live as long as the linker and anything instantiated from it."""
-    native = ffi.wasmtime_func_unchecked_callback_t(callback)
+    """Define `module.name` as `callback` (called through `native_type`: wasmtime's own callback
+    type, or `SLOTS_BY_ADDRESS`). What the native side holds on to goes into `keepalive`, which
+    must live as long as the linker and anything instantiated from it."""
+    made = native_type(callback)
+    native = made if native_type is ffi.wasmtime_func_unchecked_callback_t else ctypes.cast(made, ffi.wasmtime_func_unchecked_callback_t)
+    keepalive.append(made)
     ty = wasmtime.FuncType([VALTYPES[p]() for p in params], [VALTYPES[r]() for r in results])
     keepalive += [native, ty]
     module_b, name_b = module.encode(), name.encode()

@@ -18,28 +18,35 @@ in for that record: wasmtime checks the epoch while it writes a module's data se
 from __future__ import annotations
 
 import ctypes
+import re
 import select
 import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import wasmtime
 
 from app.contract.messages import Run, RunStatus
-from app.runtime.artifacts import ArtifactCache
+from app.runtime.artifacts import ArtifactCache, ArtifactUnavailable
+from app.runtime.bundles import BundleStore
+from app.runtime.files import FilesUnavailable, GuestFiles
 from app.runtime.linking import call_export, define_raw, export_func, guest_memory, trap_with
+from app.runtime.redact import without_host_paths
 from app.runtime.spans import SpanRecorder
 from app.runtime.wasi import WasiContexts
 
 WASI = "wasi_snapshot_preview1"
 _WARM_UP_WAT = '(module (memory (export "memory") 1) (func (export "_start")))'
-_EBADF, _EFAULT = 8, 21
+_EBADF, _EFAULT, _EINVAL = 8, 21, 28
+_IOV_MAX = 1024  # as wasi-libc and Linux: a longer iovec table is refused, not copied
 _IOVEC = struct.Struct("<II")
 _U32 = struct.Struct("<I")
+_NO_OFFSET = (1 << 64) - 1  # wasmtime's offset of a frame it could not place (usize::MAX)
+_NAME_CHARS = 128  # of a function's name in a trap's message
 
 
 class OutputLimitExceeded(Exception):
@@ -69,6 +76,11 @@ class RunResult:
 
 
 class _Sink:
+    """One of a run's output streams, bounded where it is written: a write is read from guest
+    memory only as far as it is kept, so a single huge iovec costs the worker no more than the
+    limit. stdout keeps its first `limit` bytes and stops the guest at the write that crosses
+    it; stderr (`tail_only`) keeps its last `limit` bytes and never stops it."""
+
     __slots__ = ("buf", "limit", "tail_only", "emit", "sent")
 
     def __init__(self) -> None:
@@ -85,19 +97,42 @@ class _Sink:
         self.emit = emit
         self.sent = 0
 
-    def write(self, data: bytes) -> None:
-        if self.emit is not None:  # streamed: each write leaves at once, only its size is kept
-            self.sent += len(data)
-            if self.sent > self.limit:
-                raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
-            self.emit(data)
-            return
-        self.buf += data
-        if len(self.buf) > self.limit:
-            if self.tail_only:
-                del self.buf[: len(self.buf) - self.limit]
+    def write(self, addr: int, length: int) -> None:
+        """Take the `length` bytes at `addr` (guest memory)."""
+        if self.tail_only:
+            if length >= self.limit:  # this write alone fills the tail: read only its end
+                self.buf = bytearray()
+                _append(self.buf, addr + length - self.limit, self.limit)
             else:
-                raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
+                _append(self.buf, addr, length)
+                if len(self.buf) > self.limit:
+                    del self.buf[: len(self.buf) - self.limit]
+            return
+        take = min(length, self.limit - self.sent)
+        if take > 0:
+            if self.emit is not None:  # streamed: each write leaves at once, only its size is kept
+                self.emit(ctypes.string_at(addr, take))
+            else:
+                _append(self.buf, addr, take)
+            self.sent += take
+        if take < length:  # cut at the limit: what is past it was never read
+            raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
+
+
+_resize = ctypes.pythonapi.PyByteArray_Resize
+_resize.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
+_resize.restype = ctypes.c_int
+
+
+def _append(buf: bytearray, addr: int, length: int) -> None:
+    """Append `length` bytes at `addr` to `buf`, copied once (no bytes object in between, which
+    would hold a second copy of the write)."""
+    if length <= 0:
+        return
+    end = len(buf)
+    if _resize(buf, end + length) != 0:
+        raise MemoryError("no memory for the guest's output")
+    ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(buf, end)), addr, length)
 
 
 @dataclass
@@ -106,6 +141,7 @@ class _Ready:
 
     key: tuple[str, int]  # (sha256, wasm_memory_bytes)
     store: wasmtime.Store
+    instance: wasmtime.Instance
     start: Any  # its raw `_start` handle (linking.export_func)
 
 
@@ -119,6 +155,12 @@ class _Ticker(threading.Thread):
     """Advances the engine's epoch every tick (the guests' time limit) and, while a run is
     watched, stops its guest once the run's connection turns readable: the caller that sent it
     gave up (a front half-closes it), so the worker answers at once and stays the tenant's.
+
+    The epoch follows the wall clock, not the number of wake-ups: a guest that calls the host
+    all the time (a loop of writes) holds the GIL for most of each tick, so this thread wakes
+    late, and counting one tick per wake-up ran such a guest 25% past its time limit (past the
+    front's hard deadline at 10 s, which kills the worker). Each wake-up adds every tick that
+    has passed since the running guest began.
 
     An idle worker has no deadline to keep: after PARK_AFTER_S without a guest the ticker parks
     (200 wake-ups a second cost an idle worker ~4 ms of CPU a second, a node of hundreds of
@@ -134,13 +176,14 @@ class _Ticker(threading.Thread):
         self.stopped = -1  # the run number the last stop was for
         self.ticks = 0  # the running guest's epoch deadline, in ticks
         self.running = False  # a guest runs (under `lock`)
+        self.since = 0.0  # when it began: ticks owed from before are not its to pay
         self.parked = False  # waiting on `resume` (under `lock`)
         self.resume = threading.Event()
 
     def begin(self, watch: tuple[int, int] | None) -> None:
         """A guest starts: tick (waking a parked ticker), and watch its connection if given."""
         with self.lock:
-            self.running, self.watched = True, watch
+            self.running, self.watched, self.since = True, watch, time.monotonic()
             if self.parked:
                 self.parked = False
                 self.resume.set()
@@ -152,6 +195,7 @@ class _Ticker(threading.Thread):
     def run(self) -> None:
         idle = 0
         park_after = max(1, round(PARK_AFTER_S / self.tick_s))
+        last = time.monotonic()  # the epoch counts the ticks up to here
         while True:
             with self.lock:  # decided under the lock: a run starting now sees `parked` and wakes us
                 idle = 0 if self.running else idle + 1
@@ -160,6 +204,7 @@ class _Ticker(threading.Thread):
                 self.resume.wait()
                 self.resume.clear()
                 idle = 0
+                last = time.monotonic()
                 continue
             watched = self.watched
             if watched is None:
@@ -172,7 +217,11 @@ class _Ticker(threading.Thread):
                     time.sleep(self.tick_s)
                 if readable:
                     self._stop(watched[0])
-            self.engine.increment_epoch()
+            last = max(last, self.since)
+            due = int((time.monotonic() - last) / self.tick_s)
+            last += due * self.tick_s
+            for _ in range(due):
+                self.engine.increment_epoch()
 
     def _stop(self, run: int) -> None:
         with self.lock:  # the run may have ended (and the next begun) since the select
@@ -197,6 +246,7 @@ class GuestRunner:
         self.linker.allow_shadowing = True
         self._keepalive: list[Any] = []
         define_raw(self.linker, WASI, "fd_write", ("i32",) * 4, ("i32",), self._fd_write_raw, self._keepalive)
+        self._files = GuestFiles(engine, self.linker, self._keepalive, BundleStore(artifacts.base))
         if host is not None:
             host.define(self.linker)
         # loaded modules: sha256 -> (InstancePre, has no start function: may be built ahead)
@@ -246,7 +296,7 @@ class GuestRunner:
         except (wasmtime.WasmtimeError, wasmtime.Trap):
             store.close()
             return
-        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, start)
+        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, instance, start)
 
     def discard_ready(self) -> None:
         """Drop the instance built ahead, giving its linear memory back to the worker's pool."""
@@ -255,8 +305,10 @@ class GuestRunner:
             ready.store.close()
 
     # -- WASI stdout/stderr -------------------------------------------------------------------
-    def _fd_write_raw(self, _env: Any, caller: Any, v: Any, _n: int) -> int:
+    def _fd_write_raw(self, _env: Any, caller: Any, v: Any, n: int) -> int:
         try:
+            if v[0].i32 > 2 and self._files.active:  # one of the function's files
+                return self._files.fd_write(caller, v, n)
             v[0].i32 = self._fd_write(caller, v[0].i32, v[1].i32, v[2].i32, v[3].i32)
         except BaseException as exc:  # a cap crossed: the guest stops, `_start` raises `exc`
             return trap_with(exc)
@@ -269,17 +321,22 @@ class GuestRunner:
             sink = self._stderr
         else:
             return _EBADF
+        # wasm32 pointers and sizes are unsigned: read as signed i32, a "negative" one would
+        # address memory below the guest's
+        iovs, iovs_len, nwritten = iovs & 0xFFFFFFFF, iovs_len & 0xFFFFFFFF, nwritten & 0xFFFFFFFF
+        if iovs_len > _IOV_MAX:
+            return _EINVAL
         base, size = guest_memory(caller)
-        if iovs < 0 or iovs_len < 0 or iovs + 8 * iovs_len > size or nwritten + 4 > size:
+        if iovs + 8 * iovs_len > size or nwritten + 4 > size:
             return _EFAULT
         total = 0
         for ptr, length in _IOVEC.iter_unpack(ctypes.string_at(base + iovs, 8 * iovs_len)):
             if ptr + length > size:
                 return _EFAULT
             if length:
-                sink.write(ctypes.string_at(base + ptr, length))
+                sink.write(base + ptr, length)
                 total += length
-        ctypes.memmove(base + nwritten, _U32.pack(total), 4)
+        ctypes.memmove(base + nwritten, _U32.pack(min(total, 0xFFFFFFFF)), 4)
         return 0
 
     def warm_up(self) -> None:
@@ -321,9 +378,12 @@ class GuestRunner:
         try:
             try:
                 pre = self._instance_pre(req.sha256)
-            except (wasmtime.WasmtimeError, OSError) as exc:  # a corrupt or missing artifact fails the call, not the worker
+            except ArtifactUnavailable as exc:  # a corrupt or missing artifact fails the call, not the worker
                 result.status = RunStatus.ARTIFACT_ERROR
-                result.error = f"the function's compiled code could not be loaded: {_first_line(str(exc))}"
+                result.error = f"the function's compiled code could not be loaded: {exc}"
+            except wasmtime.WasmtimeError as exc:  # loaded, but it does not link
+                result.status = RunStatus.ARTIFACT_ERROR
+                result.error = f"the function's compiled code could not be linked: {without_host_paths(_first_line(str(exc)))}"
             else:
                 self._execute(pre, req, stdin, result)
         finally:
@@ -332,8 +392,9 @@ class GuestRunner:
         if result.host.get("device_error") and result.status in (RunStatus.OK, RunStatus.EXIT, RunStatus.TRAP):
             result.status = RunStatus.DEVICE_ERROR
             result.error = result.host.get("device_error_message") or "the GPU failed while running this invocation"
-        result.stdout = self._stdout.buf
-        result.stderr = bytes(self._stderr.buf)
+        # the buffers leave with the result: nothing of this run's output stays in the sinks
+        result.stdout, self._stdout.buf = self._stdout.buf, bytearray()
+        result.stderr, self._stderr.buf = bytes(self._stderr.buf), bytearray()
         result.duration_ms = (time.perf_counter() - started) * 1000
         if spans is not None:
             result.spans = spans.finish(result.status)
@@ -353,11 +414,18 @@ class GuestRunner:
             store = wasmtime.Store(self.engine)
             store.set_limits(memory_size=req.wasm_memory_bytes)
         try:
+            root = self._files.open(req)
             # WASI is read from the store at each WASI call; a start function runs under it at
             # instantiation (a module with one never has an instance built ahead)
-            self._wasi.set(store, req.function, req.env, stdin)
+            self._wasi.set(store, req.function, req.args, req.env, stdin, root)
             store.set_epoch_deadline(ticks)
-            start = ready.start if ready is not None else export_func(store, pre.instantiate(store), b"_start")
+            if ready is not None:
+                instance, start = ready.instance, ready.start
+            else:
+                instance = pre.instantiate(store)
+                start = export_func(store, instance, b"_start")
+            if root is not None:
+                self._files.attach(store, instance)
             call_export(store, start)
         except wasmtime.ExitTrap as exc:
             if exc.code != 0:
@@ -375,9 +443,16 @@ class GuestRunner:
                 result.error = f"the invocation exceeded its time limit of {req.timeout_ms} ms"
             else:
                 result.status, result.error = RunStatus.TRAP, _trap_message(exc)
+        except FilesUnavailable as exc:  # not the compiled module's fault: it is kept
+            result.status, result.error = RunStatus.ERROR, str(exc)
         except wasmtime.WasmtimeError as exc:
-            result.status, result.error = RunStatus.ERROR, _instantiate_error(str(exc), req)
+            text = str(exc)
+            if "wasm backtrace:" in text:  # raised while the guest ran, not at instantiation
+                result.status, result.error = RunStatus.TRAP, without_host_paths(_error_in_guest(text))
+            else:
+                result.status, result.error = RunStatus.ERROR, _instantiate_error(text, req)
         finally:
+            self._files.close()  # a scratch copy goes with its call
             store.close()  # now, not when collected: its memory is scrubbed after the reply
         if result.exit_code is None and result.status == RunStatus.OK:
             result.exit_code = 0
@@ -388,19 +463,61 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else "error"
 
 
+_SHOWN_FRAMES = 4  # of a trap's backtrace, innermost first
+# a frame of wasmtime's backtrace text: "  0:     0x32 - <unknown>!boom" (an error raised in a host
+# call, a WASI one, carries its backtrace only as text)
+_FRAME_LINE = re.compile(r"^\s*\d+:\s+(0x[0-9a-fA-F]+)\s+-\s+(?:[^!\n]*!)?(.*)$", re.M)
+
+
 def _trap_message(exc: wasmtime.Trap) -> str:
-    """'wasm `unreachable` instruction executed in boom (offset 0x32)': the cause, then where."""
-    text = str(exc)
-    cause = text.split("Caused by:", 1)[1].strip().splitlines()[0] if "Caused by:" in text else _first_line(text)
-    cause = cause.removeprefix("wasm trap: ")
-    frames = exc.frames
-    if frames:
-        f = frames[0]
-        cause += f" in {f.func_name or f'function {f.func_index}'} (offset {f.module_offset:#x})"
-    return f"trap: {cause}"
+    """'wasm `unreachable` instruction executed in boom (offset 0x32) ← _start (offset 0x36)':
+    the cause, then where (see _where)."""
+    frames = [(f.func_name or f"function {f.func_index}", f.module_offset) for f in exc.frames or ()]
+    return f"trap: {_cause(str(exc))}{_where(frames)}"
+
+
+def _error_in_guest(text: str) -> str:
+    """An error raised while the guest ran (a WASI call that failed on the host side, e.g. an exit
+    status out of range): its cause and the frames of its backtrace, read from the text."""
+    frames = [
+        (re.sub(r"^<wasm function (\d+)>$", r"function \1", name.strip()), int(offset, 16))
+        for offset, name in _FRAME_LINE.findall(text.split("Caused by:", 1)[0])
+    ]
+    return f"trap: {_cause(text)}{_where(frames)}"
+
+
+def _cause(text: str) -> str:
+    """What wasmtime gives as the cause: every line after "Caused by:" (an error's chain), else
+    the first line."""
+    if "Caused by:" not in text:
+        return _first_line(text).removeprefix("wasm trap: ")
+    lines = [ln.strip() for ln in text.split("Caused by:", 1)[1].splitlines() if ln.strip()]
+    return ": ".join(ln.split(": ", 1)[1] if re.match(r"\d+: ", ln) else ln for ln in lines).removeprefix("wasm trap: ")
+
+
+def _where(frames: Sequence[tuple[str, int | None]]) -> str:
+    """' in f (offset 0x32) ← g (offset 0x36) ← … 7 more': the innermost frames, a run of one
+    function (a recursion) as one with its count. A frame wasmtime could not place (its offset is
+    None or all ones, as the frame that overflowed the stack) gives only its name; a name is the
+    module's to choose, so it is cut."""
+    runs: list[tuple[str, int | None, int]] = []
+    for name, offset in frames:
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((name, offset, 1))
+    parts = []
+    for name, offset, count in runs[:_SHOWN_FRAMES]:
+        part = name[:_NAME_CHARS] + "…" if len(name) > _NAME_CHARS else name
+        if offset is not None and offset < _NO_OFFSET:
+            part += f" (offset {offset:#x})"
+        parts.append(part + (f" ×{count}" if count > 1 else ""))
+    if len(runs) > _SHOWN_FRAMES:
+        parts.append(f"… {sum(c for _, _, c in runs[_SHOWN_FRAMES:])} more")
+    return " in " + " ← ".join(parts) if parts else ""
 
 
 def _instantiate_error(text: str, req: Run) -> str:
     if "memory" in text and ("limit" in text or "minimum" in text or "grow" in text):
         return f"the module needs more linear memory than the tenant's limit ({req.wasm_memory_bytes} bytes)"
-    return _first_line(text)
+    return without_host_paths(_first_line(text))

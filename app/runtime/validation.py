@@ -66,7 +66,41 @@ def _valtype_names(types: list[wasmtime.ValType]) -> tuple[str, ...]:
     return tuple(str(t) for t in types)
 
 
+WASM_MAGIC = b"\0asm"
+HOW_TO_BUILD = (
+    "build one, e.g. from C with `python3 -m ziglang cc -target wasm32-wasi -O2 -s guest.c -o guest.wasm` "
+    "(pip install ziglang), or from WAT text with `wat2wasm guest.wat` (WAT text may also be uploaded as it is)"
+)
+
+
+def _looks_like_wat(data: bytes) -> bool:
+    """Text whose first token, past blanks and `;;` line comments, opens a parenthesis (a
+    module, or a `(;` block comment): wasmtime's WAT parser is then the one to judge it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    for line in text.splitlines():
+        stripped = line.strip().lstrip("\ufeff")
+        if not stripped or stripped.startswith(";;"):
+            continue
+        return stripped.startswith("(")
+    return False
+
+
+def check_module_shape(data: bytes) -> None:
+    """Refuse what is neither a WebAssembly binary (its `\\0asm` magic) nor plausibly WAT text,
+    saying how to build a module, before a parser reports its first unexpected character."""
+    if data.startswith(WASM_MAGIC) or _looks_like_wat(data):
+        return
+    what = "an empty body" if not data else f"{len(data)} bytes starting {data[:8]!r}"
+    raise InvalidModule(
+        f"this is not a WebAssembly module ({what}; a module is a binary starting with \\0asm, or WAT text): {HOW_TO_BUILD}"
+    )
+
+
 def compile_module(engine: wasmtime.Engine, wasm: bytes) -> wasmtime.Module:
+    check_module_shape(wasm)
     try:
         return wasmtime.Module(engine, wasm)
     except wasmtime.WasmtimeError as exc:

@@ -1,4 +1,4 @@
-"""A call's WASI context (argv, env, stdin) through wasmtime's C API in one piece.
+"""A call's WASI context (argv, env, stdin, the preopened `/`) through wasmtime's C API in one piece.
 
 wasmtime-py builds it from a `WasiConfig` one setter at a time, each converting its arguments
 (a `c_char_p` per string, a cast per array) through typed bindings: ~15 us of an echo call's
@@ -30,6 +30,8 @@ _set_env = _bind("wasi_config_set_env", ctypes.c_bool, _P, ctypes.c_size_t, _P, 
 _byte_vec_new = _bind("wasm_byte_vec_new", None, _P, ctypes.c_size_t, ctypes.c_char_p)
 _set_stdin_bytes = _bind("wasi_config_set_stdin_bytes", None, _P, _P)
 _set_wasi = _bind("wasmtime_context_set_wasi", _P, _P, _P)
+# (config, host path, guest path, mutable): not mutable = read-only directories and files
+_preopen_dir = _bind("wasi_config_preopen_dir", ctypes.c_bool, _P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_bool)
 
 
 class WasiContexts:
@@ -47,12 +49,20 @@ class WasiContexts:
                 self._argv.popitem(last=False)
         return argv
 
-    def set(self, store: wasmtime.Store, argv0: str, env: dict[str, str], stdin: bytes) -> None:
-        """argv `[argv0]`, `env`, and `stdin` as bytes the guest reads from memory (empty: no
-        stdin, reads see EOF); no preopened directories, stdout and stderr are the linker's."""
+    def set(
+        self, store: wasmtime.Store, argv0: str, args: list[str], env: dict[str, str], stdin: bytes,
+        root: tuple[str, bool] | None = None,
+    ) -> None:
+        """argv `[argv0, *args]`, `env`, and `stdin` as bytes the guest reads from memory (empty:
+        no stdin, reads see EOF); `root`: (host directory, writable) preopened as the guest's
+        `/`, else no preopened directory. stdout and stderr are the linker's."""
         config = _config_new()
         try:
-            ok = _set_argv(config, 1, self._argv0(argv0))
+            if args:
+                argv = (ctypes.c_char_p * (1 + len(args)))(argv0.encode(), *[a.encode() for a in args])
+                ok = _set_argv(config, len(argv), argv)
+            else:
+                ok = _set_argv(config, 1, self._argv0(argv0))
             if ok and env:
                 n = len(env)
                 names = (ctypes.c_char_p * n)(*[k.encode() for k in env])
@@ -60,6 +70,8 @@ class WasiContexts:
                 ok = _set_env(config, n, names, values)
             if not ok:
                 raise wasmtime.WasmtimeError("failed to configure the guest's argv or environment")
+            if root is not None and not _preopen_dir(config, root[0].encode(), b"/", root[1]):
+                raise wasmtime.WasmtimeError("failed to open the function's files")
             if stdin:
                 vec = ffi.wasm_byte_vec_t()
                 _byte_vec_new(ctypes.byref(vec), len(stdin), stdin)  # a copy wasmtime owns

@@ -1,6 +1,6 @@
 """A compile process: `python -m app.sandbox.child --parent PID`.
 
-Started ahead of need by the api process (`app.sandbox.client`), it imports the compiler, says
+Started ahead of need by the api process (`app.sandbox.pool`), it imports the compiler, says
 `ready`, then takes exactly one job from stdin, runs it under the memory limit the job names,
 answers with one JSON line on stdout and exits. One job per process: no tenant's compile ever
 shares a process, a heap or a crash with another's.

@@ -1,5 +1,5 @@
 """Which device of the node a new worker context goes to: memory budgets, context ceilings and
-start back-off per device (DESIGN.md section 1, "Devices"). Pure bookkeeping: no processes, no
+start back-off per device (docs/architecture.md, "Devices"). Pure bookkeeping: no processes, no
 event loop; the scheduler tells it what starts, binds and ends, and asks it where to place.
 
 - A device admits a context while its contexts stay below its ceiling and the caps of its bound

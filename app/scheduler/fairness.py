@@ -4,7 +4,7 @@ Pure bookkeeping, no processes and no event loop, so the policy is tested on its
 with the supervisor. A *slot* is the right to hold one worker for one call; the node has
 `max_workers` of them. A call asks for a slot with `submit` and holds it until `release`.
 
-Rules (DESIGN.md section 1, Fairness):
+Rules (docs/architecture.md, "Fair share of workers"):
 - a tenant never runs more than its own `max_concurrency` calls at once;
 - a tenant with calls running holds at most `share = max_workers - reserved` slots: the
   `reserved` slots are only for tenants with nothing running, so a quiet tenant's call starts at
@@ -83,13 +83,6 @@ class FairShare:
         if load is not None and load.running >= self.share:
             return Blocked.FAIR_SHARE
         return Blocked.NO_CAPACITY
-
-    def starved(self, except_tenant: str) -> bool:
-        """Some other tenant waits only because every slot of the node is held."""
-        return any(
-            load.queue and tenant != except_tenant and self._eligible(load)
-            for tenant, load in self._load.items()
-        )
 
     def dispatch(self) -> list[Ticket]:
         """Grant free slots to waiting calls; returns the tickets granted now."""

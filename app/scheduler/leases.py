@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from app.contract.messages import Outcome, Result, Run, WorkerMessage
+from app.contract.frames import Payload
+from app.contract.messages import Outcome, Refused, Result, Run, WorkerMessage
 
 if TYPE_CHECKING:
     from app.scheduler.fairness import Ticket
     from app.scheduler.scheduler import _Tenant
-    from app.worker.client import WorkerHandle
+    from app.worker.handle import WorkerHandle
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class Lease:
     ticket: Ticket
     kernels_version: str  # what the worker holds at the grant
     released: bool = False
+    wait_s: float = 0.0  # the leased worker is the call's alone
 
-    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[bytes], None] | None = None) -> tuple[WorkerMessage, bytes]:
+    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None = None) -> tuple[WorkerMessage, Payload]:
         """In a one-process node the call goes over the worker's pipe."""
         return await self.worker.request(run, body, on_chunk)
 
@@ -55,7 +57,7 @@ class WaitState(Enum):
     QUEUED = 1  # waiting for a slot (its tenant's concurrency, the fair share)
     BINDING = 2  # holds its slot, a task looks for a worker (a bind, an eviction)
     GRANTED = 3  # the lease was handed over: its holder releases it
-    FAILED = 4  # refused (queue wait over, no capacity): nothing held
+    FAILED = 4  # refused (queue wait over, no capacity in its time): nothing held
     WITHDRAWN = 5  # its caller went away: whatever it held was given back
 
 
@@ -67,9 +69,12 @@ class Waiting:
 
     ticket: Ticket
     tenant: _Tenant
-    deadline: float  # (monotonic) the queue wait bounds the whole wait: a slot, then a worker
+    deadline: float  # (monotonic) the queue wait bounds the wait for a slot
     granted: Callable[[Lease], None]
     failed: Callable[[Exception], None]
+    # (monotonic) a worker start for it may be waited for until then: its arrival plus its
+    # tenant's timeout (the queue wait at least)
+    start_deadline: float = 0.0
     state: WaitState = WaitState.QUEUED
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
@@ -81,6 +86,8 @@ class Waiting:
 
 def outcome_of(reply: WorkerMessage) -> Outcome:
     """A worker's answer to a run, as the outcome its lease is released with."""
+    if isinstance(reply, Refused):
+        return Outcome.UNUSED  # not started: the worker is as it was
     if not isinstance(reply, Result):
         return Outcome.LOST
     return Outcome.DEVICE_ERROR if reply.host.device_error else Outcome.OK

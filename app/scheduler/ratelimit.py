@@ -28,18 +28,6 @@ class TokenBucket:
             return 0.0
         return (1.0 - self.tokens) / self.rate
 
-    def take_up_to(self, n: int, keep: float = 0.0) -> int:
-        """Take at most `n` whole tokens, leaving at least `keep`; returns how many."""
-        self._refill()
-        got = max(0, min(n, int(self.tokens - keep)))
-        self.tokens -= got
-        return got
-
-    def give_back(self, n: int) -> None:
-        """Return tokens taken for calls that were not made."""
-        self._refill()
-        self.tokens = min(self.capacity, self.tokens + n)
-
     @staticmethod
     def retry_after(seconds: float) -> int:
         return max(1, math.ceil(seconds))

@@ -10,18 +10,29 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.contract.messages import Principal
 from app.db.models import ApiKey, Tenant, utcnow
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.errors import Conflict, Forbidden, NotFound
-from app.services.principal import TenantPrincipal
+from app.services.principal import principal_of
 
 KEY_PREFIX = "tw_"
 PREFIX_LEN = len(KEY_PREFIX) + 8
+
+
+_KEY_BODY = 43  # characters of token_urlsafe(32)
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def key_shaped(token: str) -> bool:
+    """Whether `token` could be a key this platform made: anything else needs no lookup."""
+    return len(token) == len(KEY_PREFIX) + _KEY_BODY and token.startswith(KEY_PREFIX) and _KEY_CHARS.issuperset(token[len(KEY_PREFIX) :])
 
 
 def hash_key(key: str) -> str:
@@ -62,23 +73,23 @@ class ApiKeyService:
             row.revoked_at = utcnow()
             await self.session.flush()
 
-    async def authenticate(self, key: str) -> tuple[str, TenantPrincipal] | None:
+    async def authenticate(self, key: str) -> tuple[str, Principal] | None:
         """The key's id and tenant; None for an unknown or revoked key; 403 `tenant_disabled`
         for a valid key of a disabled tenant (the caller should hear why, not "invalid key")."""
-        if not key.startswith(KEY_PREFIX) or len(key) < PREFIX_LEN + 8:
+        if not key_shaped(key):
             return None
         digest = hash_key(key)
         for row, tenant in await self.repo.active_candidates(key[:PREFIX_LEN]):
             if hmac.compare_digest(row.key_hash, digest):
                 if tenant.disabled:
                     raise tenant_disabled()
-                return row.id, TenantPrincipal.of(tenant)
+                return row.id, principal_of(tenant)
         return None
 
 
 @dataclass
 class _Entry:
-    principal: TenantPrincipal
+    principal: Principal
     key_id: str
     expires: float
     last_used: float
@@ -92,11 +103,29 @@ class AuthCache:
     tenant calling now and then does not pay the lookup on the call.
     """
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, max_missing: int = 100_000) -> None:
         self.ttl_s = ttl_s
         self._entries: dict[str, _Entry] = {}
+        # digests looked up and not found, until when: a repeated bad key costs no lookup
+        self._missing: OrderedDict[str, float] = OrderedDict()
+        self._max_missing = max_missing
 
-    def get(self, digest: str) -> TenantPrincipal | None:
+    def is_missing(self, digest: str) -> bool:
+        until = self._missing.get(digest)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._missing[digest]
+            return False
+        return True
+
+    def put_missing(self, digest: str) -> None:
+        self._missing[digest] = time.monotonic() + self.ttl_s
+        self._missing.move_to_end(digest)
+        if len(self._missing) > self._max_missing:
+            self._missing.popitem(last=False)
+
+    def get(self, digest: str) -> Principal | None:
         entry = self._entries.get(digest)
         if entry is None:
             return None
@@ -106,7 +135,7 @@ class AuthCache:
         entry.last_used = now
         return entry.principal
 
-    def put(self, digest: str, key_id: str, principal: TenantPrincipal) -> None:
+    def put(self, digest: str, key_id: str, principal: Principal) -> None:
         if len(self._entries) > 10_000:
             self._entries.clear()
         now = time.monotonic()
@@ -114,6 +143,7 @@ class AuthCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._missing.clear()
 
     async def refresh(self, session: AsyncSession, keep_s: float) -> None:
         """Re-read every key used within `keep_s` in one query; forget the rest, and any key
@@ -127,7 +157,7 @@ class AuthCache:
             if tenant is None:
                 self._entries.pop(digest, None)
             elif self._entries.get(digest) is entry:  # not replaced while we read
-                entry.principal, entry.expires = TenantPrincipal.of(tenant), expires
+                entry.principal, entry.expires = principal_of(tenant), expires
         for digest in [d for d in self._entries if d not in kept]:
             if now - self._entries[digest].last_used > keep_s:
                 del self._entries[digest]

@@ -4,18 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import Function
+from app.db.models import Function, FunctionVersion
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.kernels import KernelRepository
 from app.errors import DomainError, NotFound
+from app.runtime.bundles import BundleStore
 from app.runtime.compiler import ModuleCompiler
 from app.scheduler.leases import KernelSet
-from app.services.functions import compile_errors
+from app.services.functions import compile_errors, version_not_found
+from app.services.sealing import NodeKey
+from app.services.secrets import open_secrets
+from app.settings import Settings
+
+
+class SecretEnv:
+    """The secret variables of a function's calls, opened in this front. Shown, it names them
+    only: a meta logged or printed never carries a value."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict[str, str] | None = None) -> None:
+        self.values: dict[str, str] = values or {}
+
+    def __repr__(self) -> str:
+        return f"SecretEnv({sorted(self.values)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretEnv) and other.values == self.values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.values)))
 
 
 @dataclass(frozen=True)
@@ -28,6 +51,11 @@ class FunctionMeta:
     timeout_ms: int | None
     artifact: Path
     expires: float
+    args: tuple[str, ...] = ()
+    cgi: bool = False
+    scratch: bool = False
+    files: str = ""  # sha256 of its file bundle, unpacked on this node ("": none)
+    secrets: SecretEnv = field(default_factory=SecretEnv)  # added to env for each call
 
 
 class FunctionCache:
@@ -45,20 +73,29 @@ class FunctionCache:
     """
 
     def __init__(
-        self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float, max_entries: int = 10_000
+        self, sessionmaker: async_sessionmaker[AsyncSession], compiler: ModuleCompiler, ttl_s: float, max_entries: int = 10_000,
+        max_files_entries: int = 10_000, keys: NodeKey | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.compiler = compiler
+        self.bundles = BundleStore(compiler.cache.base)  # functions' files, unpacked beside their artifacts
+        self.max_files_entries = max_files_entries
         self.ttl_s = ttl_s
+        self.keys = keys  # opens the secrets functions get (None: functions with secrets cannot run)
         self.max_entries = max_entries
         self._fns: dict[tuple[str, str], FunctionMeta] = {}
         self._kernels: dict[str, tuple[float, KernelSet]] = {}
         self._used: dict[tuple[str, str], float] = {}  # found functions, least recently used first
         self._missing: dict[tuple[str, str], float] = {}  # names found missing -> until when
         self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
+        # versions calls pinned (X-Function-Version), by function: dropped with its entry
+        self._pinned: dict[tuple[str, str], dict[int, FunctionMeta]] = {}
 
-    async def lookup(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
-        """The function and the tenant's kernels; on a miss, both reads run concurrently."""
+    async def lookup(self, tenant_id: str, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
+        """The function (its active version, or `version`) and the tenant's kernels; on a miss,
+        both reads run concurrently."""
+        if version is not None:
+            return await self.pinned(tenant_id, name, version), await self.kernels(tenant_id)
         key = (tenant_id, name)
         now = time.monotonic()
         meta = self._fns.get(key)
@@ -91,11 +128,12 @@ class FunctionCache:
         if len(self._missing) > self.max_entries:
             del self._missing[next(iter(self._missing))]
 
-    async def function(self, tenant_id: str, name: str) -> FunctionMeta:
+    async def function(self, tenant_id: str, name: str, *, fresh: bool = False) -> FunctionMeta:
+        """`fresh`: read it from the database even if cached (after a change here)."""
         key = (tenant_id, name)
         now = time.monotonic()
         meta = self._fns.get(key)
-        if meta is not None and meta.expires > now:
+        if meta is not None and meta.expires > now and not fresh:
             return meta
         self._check_missing(key, now)
         gen = self._gen.get(key, 0)
@@ -109,21 +147,55 @@ class FunctionCache:
             self._fns[key] = meta
         return meta
 
-    async def _load_function(self, session: AsyncSession, tenant_id: str, name: str) -> FunctionMeta | None:
+    def keys_for(self, settings: Settings) -> NodeKey:
+        """The node key that seals and opens secrets (made from `settings` if none was given)."""
+        if self.keys is None:
+            self.keys = NodeKey(settings)
+        return self.keys
+
+    async def pinned(self, tenant_id: str, name: str, version: int) -> FunctionMeta:
+        """A version a call pinned: versions do not change, but a function deleted and deployed
+        again numbers its versions anew, so these go with the function's entry (and its TTL)."""
+        key = (tenant_id, name)
+        hit = self._pinned.get(key, {}).get(version)
+        if hit is not None and hit.expires > time.monotonic():
+            return hit
+        gen = self._gen.get(key, 0)
+        async with self.sessionmaker() as session:
+            meta = await self._load_function(session, tenant_id, name, version)
+        if meta is None:
+            raise NotFound.of(f"function {name!r}")
+        if self._gen.get(key, 0) == gen:
+            self._pinned.setdefault(key, {})[version] = meta
+            if len(self._pinned) > self.max_entries:
+                del self._pinned[next(iter(self._pinned))]
+        return meta
+
+    async def _load_function(self, session: AsyncSession, tenant_id: str, name: str, number: int | None = None) -> FunctionMeta | None:
+        """Its active version, or version `number` (a version it does not keep: version_not_found)."""
         repo = FunctionRepository(session, tenant_id)
         fn = await repo.get(name)
         if fn is None:
             return None
-        ver = await repo.version_meta(fn, fn.current_version)
+        ver = await repo.version_settings(fn, fn.current_version if number is None else number)
         if ver is None:
+            if number is not None:
+                raise version_not_found(name, number)
             return None
-        sha = ver[0]
+        sha = ver.sha256
         if not self.compiler.cache.has(sha):  # deployed through another node
-            wasm = await repo.module_bytes(fn, fn.current_version)
+            wasm = await repo.module_bytes(fn, ver.version)
             assert wasm is not None
             with compile_errors():
                 await self.compiler.ensure_artifact(tenant_id, sha, wasm)
-        return self.meta_for(fn, sha)
+        files = fn.files_sha256
+        if files and not self.bundles.has(files):  # given through another node, or removed here since
+            archive = await repo.files_archive(fn)
+            if archive is None:  # replaced meanwhile: the next read sees the new files
+                return None
+            await asyncio.to_thread(self.bundles.unpack, files, archive, self.max_files_entries)
+        secrets = await open_secrets(session, tenant_id, ver.secrets or [], self.keys, f"version {ver.version} of function {name!r}")
+        return self.meta_for(fn, ver, secrets)
 
     async def kernels(self, tenant_id: str) -> KernelSet:
         hit = self._kernels.get(tenant_id)
@@ -186,22 +258,30 @@ class FunctionCache:
         self._fns[key] = meta
         self._touch(key, time.monotonic())
 
-    def meta_for(self, fn: Function, sha256: str) -> FunctionMeta:
+    def meta_for(self, fn: Function, ver: FunctionVersion, secrets: dict[str, str]) -> FunctionMeta:
+        """What a call of version `ver` of `fn` runs: the version's module and settings, the
+        function's files, the secrets' values."""
         return FunctionMeta(
             name=fn.name,
-            version=fn.current_version,
-            sha256=sha256,
-            env=dict(fn.env or {}),
-            content_type=fn.content_type,
-            timeout_ms=fn.timeout_ms,
-            artifact=self.compiler.cache.path_for(sha256),
+            version=ver.version,
+            sha256=ver.sha256,
+            env=dict(ver.env or {}),
+            content_type=ver.content_type,
+            timeout_ms=ver.timeout_ms,
+            artifact=self.compiler.cache.path_for(ver.sha256),
             expires=time.monotonic() + self.ttl_s,
+            args=tuple(ver.args or ()),
+            cgi=ver.cgi,
+            scratch=ver.scratch,
+            files=fn.files_sha256 or "",
+            secrets=SecretEnv(secrets),
         )
 
     def drop(self, tenant_id: str, name: str) -> None:
         self._bump((tenant_id, name))
         self._fns.pop((tenant_id, name), None)
         self._used.pop((tenant_id, name), None)
+        self._pinned.pop((tenant_id, name), None)
 
     def discard_artifact(self, tenant_id: str, name: str, sha256: str) -> None:
         """Forget a compiled file a worker could not load; the next lookup recompiles it."""
@@ -218,6 +298,6 @@ class FunctionCache:
         self._kernels.pop(tenant_id, None)
 
     def drop_tenant(self, tenant_id: str) -> None:
-        for key in [k for k in self._fns if k[0] == tenant_id]:
+        for key in [k for k in (*self._fns, *self._pinned) if k[0] == tenant_id]:
             self.drop(*key)
         self.drop_kernels(tenant_id)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from app.contract.errors import HardTimeout, WorkerCrashed
-from app.contract.messages import HostCounts, Outcome, Result, Run, RunStatus
+from app.contract.errors import HardTimeout, Rejected, WorkerCrashed
+from app.contract.frames import Payload
+from app.contract.messages import HostCounts, Outcome, Principal, Refused, RefuseReason, Result, Run, RunStatus
 from app.db.ids import new_invocation_id
 from app.errors import NotFound
 from app.node.port import NodePort
@@ -28,10 +29,9 @@ from app.observability.tracing import Tracing
 from app.queue.states import InvocationStatus
 from app.scheduler.leases import KernelSet, outcome_of
 from app.services.function_cache import FunctionCache, FunctionMeta
-from app.services.principal import TenantPrincipal
 from app.services.records import InvocationRecorder
 from app.settings import Settings
-from app.worker.client import WorkerLost
+from app.worker.handle import WorkerLost
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,37 @@ def clean_text(text: str | None) -> str | None:
     return text.replace("\x00", "\ufffd") if text else text
 
 
+ERROR_CHARS = 1024  # of an invocation's error: its text can carry what a module chose (a name)
+
+
+def bounded_error(text: str | None) -> str | None:
+    return text[: ERROR_CHARS - 1] + "…" if text and len(text) > ERROR_CHARS else text
+
+
+def stderr_tail(raw: bytes, limit: int) -> str | None:
+    """The tail of a guest's stderr as text of at most `limit` UTF-8 bytes (invalid bytes read
+    as U+FFFD, three bytes each, would otherwise triple it)."""
+    if not raw:
+        return None
+    text = raw.decode("utf-8", "replace")
+    encoded = text.encode()
+    return encoded[-limit:].decode("utf-8", "ignore") if len(encoded) > limit else text
+
+
 def build_run(
-    settings: Settings, tenant: TenantPrincipal, meta: FunctionMeta, name: str, invocation_id: str, query: str, content_type: str
+    settings: Settings, tenant: Principal, meta: FunctionMeta, name: str, invocation_id: str, query: str, content_type: str,
+    args: list[str] | None = None,
 ) -> Run:
     """The worker's run message for one call; its time limit is the function's own, at most the
-    tenant's."""
+    tenant's. The guest's environment is the function's own; the request variables are added
+    only to a function deployed with cgi=true (guest_inputs.CGI_VARIABLES), and its secrets'
+    values to one deployed with secrets. `args`: the call's
+    own argv after the name, else the function's defaults."""
     timeout_ms = min(meta.timeout_ms or tenant.quota.timeout_ms, tenant.quota.timeout_ms)
     env = dict(meta.env)
-    env.update(TW_FUNCTION=name, TW_INVOCATION_ID=invocation_id, TW_TENANT=tenant.name, QUERY_STRING=query, CONTENT_TYPE=content_type)
+    env.update(meta.secrets.values)  # opened in this front; the worker gets them as variables only
+    if meta.cgi:
+        env.update(QUERY_STRING=query, CONTENT_TYPE=content_type, TW_FUNCTION=name, TW_INVOCATION_ID=invocation_id, TW_TENANT=tenant.name)
     return Run(
         invocation_id=invocation_id,
         function=name,
@@ -80,6 +103,9 @@ def build_run(
         wasm_memory_bytes=tenant.quota.wasm_memory_bytes,
         stdout_limit=settings.stdout_limit_bytes,
         stderr_limit=settings.stderr_tail_bytes,
+        args=list(meta.args) if args is None else args,
+        files=meta.files,
+        scratch_bytes=tenant.quota.scratch_bytes if meta.files and meta.scratch else 0,
     )
 
 
@@ -94,7 +120,7 @@ class Execution:
     duration_ms: float
     exit_code: int | None = None
     error: str | None = None
-    stdout: bytes = b""
+    stdout: bytes | memoryview = b""  # a view of the worker's reply: a large output is not copied
     stderr_tail: str | None = None
 
 
@@ -112,19 +138,20 @@ class Executor:
         self.metrics = metrics
         self.tracing = tracing
 
-    async def lookup(self, tenant: TenantPrincipal, name: str) -> tuple[FunctionMeta, KernelSet]:
+    async def lookup(self, tenant: Principal, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
         try:
-            return await self.functions.lookup(tenant.id, name)
+            return await self.functions.lookup(tenant.id, name, version)
         except NotFound:  # a name that does not exist costs a call against the rate too
             await self.node.check_rate(tenant)
             raise
 
     async def execute(
-        self, tenant: TenantPrincipal, name: str, invocation_id: str, body: bytes, query: str, content_type: str,
-        on_chunk: Callable[[bytes], None] | None = None,
+        self, tenant: Principal, name: str, invocation_id: str, body: bytes, query: str, content_type: str,
+        on_chunk: Callable[[Payload], None] | None = None, args: list[str] | None = None, version: int | None = None,
     ) -> Execution:
-        meta, kernels = await self.lookup(tenant, name)
-        run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type)
+        """`version`: the one the call pinned (X-Function-Version), else the active one."""
+        meta, kernels = await self.lookup(tenant, name, version)
+        run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
         run.stream = on_chunk is not None
         run.kernels_version = kernels.version
         started = datetime.now(UTC)
@@ -134,6 +161,7 @@ class Executor:
         def ended(status: InvocationStatus, host: HostCounts | None = None, **kw: Any) -> Execution:
             seconds = time.perf_counter() - t0
             self.metrics.invocation(tenant.name, name, status.value, seconds, host)
+            kw["error"] = bounded_error(kw.get("error"))
             if status != InvocationStatus.SUCCEEDED:
                 log.info("invocation %s of %s ended %s: %s", invocation_id, name, status.value, kw.get("error"))
             return Execution(status, meta.version, meta.content_type, started, seconds * 1000, **kw)
@@ -148,7 +176,8 @@ class Executor:
             return ended(InvocationStatus.TIMEOUT, error=msg)
         except WorkerCrashed:
             return ended(InvocationStatus.WORKER_CRASHED, error="the worker running this invocation crashed; it has been replaced")
-        stdout, stderr = out[: reply.stdout_len], out[reply.stdout_len :]
+        view = memoryview(out)
+        stdout, stderr = view[: reply.stdout_len], bytes(view[reply.stdout_len :])
         error = reply.error
         if reply.status == RunStatus.ARTIFACT_ERROR:
             # the platform's own compiled file is unreadable: discard it, so the next call
@@ -157,13 +186,13 @@ class Executor:
             error = f"{error}; it has been discarded and will be rebuilt, retry the call"
         return ended(
             _STATUS[reply.status], host=reply.host, exit_code=reply.exit_code, error=error, stdout=stdout,
-            stderr_tail=stderr.decode("utf-8", "replace") if stderr else None,
+            stderr_tail=stderr_tail(stderr, self.settings.stderr_tail_bytes),
         )
 
     async def _call(
-        self, tenant: TenantPrincipal, run: Run, body: bytes, hard_timeout: float, kernels: KernelSet,
-        on_chunk: Callable[[bytes], None] | None,
-    ) -> tuple[Result, bytes]:
+        self, tenant: Principal, run: Run, body: bytes, hard_timeout: float, kernels: KernelSet,
+        on_chunk: Callable[[Payload], None] | None,
+    ) -> tuple[Result, Payload]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
         t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
@@ -175,8 +204,15 @@ class Executor:
                 run.kernels = kernels.sources
             outcome = Outcome.CANCELLED  # anything unforeseen mid-exchange: its reply is orphaned
             try:
-                async with asyncio.timeout(hard_timeout):  # no extra task, unlike wait_for
+                # a call sent straight to a worker may queue there first, at most the queue wait
+                async with asyncio.timeout(hard_timeout + lease.wait_s):  # no extra task, unlike wait_for
                     reply, out = await lease.exchange(run, body, on_chunk)
+                    if isinstance(reply, Refused) and reply.reason == RefuseReason.KERNELS and run.kernels is None:
+                        run.kernels = kernels.sources  # the worker holds another set: it takes this one
+                        reply, out = await lease.exchange(run, body, on_chunk)
+            except Rejected:
+                outcome = Outcome.UNUSED  # queued past the queue wait: refused before it started
+                raise
             except asyncio.CancelledError:
                 # the caller went away mid-call: its guest is stopped and the lease released
                 # once the worker answers, so a tenant's disconnects cost no worker starts
@@ -204,7 +240,7 @@ class Executor:
 class InvokeOutcome:
     invocation_id: str
     status: int
-    body: bytes
+    body: bytes | memoryview
     content_type: str
     error: dict[str, Any] | None = None
 
@@ -216,13 +252,16 @@ class InvokeService:
         self.executor = executor
         self.recorder = recorder
 
-    async def invoke(self, tenant: TenantPrincipal, name: str, body: bytes, query: str, content_type: str) -> InvokeOutcome:
+    async def invoke(
+        self, tenant: Principal, name: str, body: bytes, query: str, content_type: str, args: list[str] | None = None,
+        version: int | None = None,
+    ) -> InvokeOutcome:
         invocation_id = new_invocation_id()
         ctx.invocation_id.set(invocation_id)
         created = datetime.now(UTC)
         t0 = time.perf_counter()
         try:
-            ex = await self.executor.execute(tenant, name, invocation_id, body, query, content_type)
+            ex = await self.executor.execute(tenant, name, invocation_id, body, query, content_type, args=args, version=version)
         except asyncio.CancelledError:
             # the caller went away (the route cancels the call): the guest was stopped with its
             # worker; recorded as such, not as an error
@@ -248,5 +287,5 @@ class InvokeService:
             err["stderr_tail"] = ex.stderr_tail[-4096:]
         return InvokeOutcome(invocation_id, http, b"", "", err)
 
-    def _record(self, tenant: TenantPrincipal, name: str, invocation_id: str, created: datetime, values: dict[str, Any]) -> None:
+    def _record(self, tenant: Principal, name: str, invocation_id: str, created: datetime, values: dict[str, Any]) -> None:
         self.recorder.record({"id": invocation_id, "tenant_id": tenant.id, "function": name, "created_at": created, **values})

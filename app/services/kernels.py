@@ -5,17 +5,18 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.contract.messages import Principal
 from app.db.models import Kernel, utcnow
 from app.db.repositories.kernels import KernelRepository
-from app.errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
+from app.db.repositories.tenants import TenantRepository
+from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.runtime.compiler import CompilerUnavailable, KernelCompileFailed, ModuleCompiler
-from app.services.principal import TenantPrincipal
 
 MAX_KERNELS = 100
 
 
 class KernelService:
-    def __init__(self, session: AsyncSession, tenant: TenantPrincipal) -> None:
+    def __init__(self, session: AsyncSession, tenant: Principal) -> None:
         self.session = session
         self.tenant = tenant
         self.repo = KernelRepository(session, tenant.id)
@@ -45,10 +46,14 @@ class KernelService:
         except CompilerUnavailable as exc:
             raise Unavailable(f"{exc}; retry later", retry_after=5) from None
         sha = hashlib.sha256(raw).hexdigest()
+        # the count and the name are read under the tenant's lock, taken after the compile: two
+        # uploads of one name at once are a create and an update, never a 500 of the unique key
+        if await TenantRepository(self.session).lock(self.tenant.id) is None:
+            raise NotFound.of("tenant")
         kernel = await self.repo.get(name)
         if kernel is None:
             if await self.repo.count() >= MAX_KERNELS:
-                raise Forbidden(f"a tenant may register at most {MAX_KERNELS} kernel modules", code="quota_exceeded")
+                raise Conflict(f"a tenant may register at most {MAX_KERNELS} kernel modules; delete one first", code="quota_exceeded")
             return await self.repo.add(Kernel(name=name, source=source, sha256=sha)), True
         kernel.source, kernel.sha256, kernel.updated_at = source, sha, utcnow()
         await self.session.flush()

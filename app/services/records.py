@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.db.repositories.invocations import InvocationRepository
+from app.services import logs
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,9 @@ _CHUNK = 250
 class InvocationRecorder:
     """Buffers invocation records and writes them in batches; callers never wait on the DB."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int) -> None:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int, log_budget: int = 0) -> None:
         self.sessionmaker = sessionmaker
+        self.log_budget = log_budget  # bytes of function logs kept per tenant (app/services/logs.py); 0: none written
         self.interval_s = interval_s
         self.batch = batch
         self._pending: list[dict[str, Any]] = []
@@ -90,6 +92,7 @@ class InvocationRecorder:
                     records = InvocationRepository(session)
                     for i in range(0, len(rows), _CHUNK):  # calls run while the driver writes each
                         await records.insert_many(rows[i : i + _CHUNK])
+                    await logs.write(session, logs.rows_of_records(rows), self.log_budget)  # a call's stderr lines with its record
                     await session.commit()
             except IntegrityError:
                 # A tenant deleted while its call ran: its record has nowhere to go. Write the
@@ -107,6 +110,7 @@ class InvocationRecorder:
             try:
                 async with self.sessionmaker() as session:
                     await InvocationRepository(session).insert_many([row])
+                    await logs.write(session, logs.rows_of_records([row]), self.log_budget)
                     await session.commit()
             except IntegrityError:
                 self.dropped += 1

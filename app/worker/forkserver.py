@@ -31,6 +31,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from app.runtime.environment import tenant_process_env
 from app.worker.lifeline import arm_parent_death_signal
 
 _MAX_MSG = 1 << 16
@@ -192,7 +193,11 @@ class ForkServer:
         with theirs:
             cmd = [sys.executable, "-m", "app.worker.forkserver", "--fd", str(theirs.fileno()), "--parent", str(os.getpid()), "--backend", self.backend]
             # its own session: a terminal's Ctrl-C is for the node, which stops its workers itself
-            self._proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+            # the allowed environment only: every worker forked from it inherits it (no secret
+            # of the node reaches a process that runs tenant code, app/runtime/environment.py)
+            self._proc = subprocess.Popen(
+                cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True, env=tenant_process_env()
+            )
         ready = await asyncio.get_running_loop().run_in_executor(None, ours.recv, _MAX_MSG)
         if json.loads(ready or b"{}").get("op") != "ready":
             ours.close()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import hmac
+import itertools
 import logging
 import os
 import selectors
@@ -38,12 +40,15 @@ from app.contract.messages import (
     Pong,
     Ready,
     Refused,
+    RefuseReason,
     Result,
     Run,
+    RunStatus,
     StartRefusal,
     WorkerMessage,
     lease_mac,
 )
+from app.worker.stats import run_mark
 
 REFUSED_EXIT = 75  # the driver refused this worker's context (the `refused` frame says so too)
 
@@ -135,6 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     return _serve_fronts(worker, proto_in, proto_out, args.socket)
 
 
+def _share(msg: Bind) -> Any:
+    """This worker's side of the node's GPU share table, its row bound to the tenant; None (its
+    launches never held) when the table cannot be opened: the share is fairness, not isolation."""
+    from app.gpu.share import ContextShare, ShareTable
+
+    try:
+        table = ShareTable.attach(Path(msg.share_path))
+    except (OSError, ValueError) as exc:
+        logging.getLogger(__name__).warning("the GPU share table could not be opened: %s", exc)
+        return None
+    table.bind(msg.share_row, msg.tenant_id, msg.device, msg.gpu_weight)
+    return ContextShare(table, msg.share_row)
+
+
 class _Worker:
     """One bound tenant, one guest at a time; answers control messages and runs."""
 
@@ -144,21 +163,26 @@ class _Worker:
         self.tenant_id: str | None = None
         self.worker_id = ""
         self.secret = b""
-        # A lease admits at most its `runs` runs, and only while it is the worker's newest: the
-        # supervisor leases a worker to one call (or one held lease) at a time, so a lease seen
-        # before the current one has been given back.
+        # A lease admits one run: the supervisor leases a worker to one call at a time, so a
+        # lease seen before (the current one or an older one) is spent.
         self.lease_id = ""
-        self.lease_runs = 0
         self.past: deque[str] = deque(maxlen=64)
+        self.kernels_version = ""  # of the kernel set the host holds (none at bind)
 
     def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:
         """Handle one message from the pipe; False when the worker should exit."""
         if isinstance(msg, Run):
-            self.run(msg, body, out)
+            if (refused := self.refusal(msg, now=time.monotonic())) is not None:
+                write_frame(out, refused)
+            else:
+                self.run(msg, body, out)
         elif isinstance(msg, Bind):
             self.host.bind(msg.gpu_memory_bytes)
+            if msg.share_path and msg.share_row >= 0:
+                self.host.share = _share(msg)
             self.host.set_kernels(msg.kernels or {})
             self.tenant_id, self.worker_id, self.secret = msg.tenant_id, msg.worker_id, msg.secret
+            self.kernels_version = ""
             self.stats.set("gpu_bytes_cap", msg.gpu_memory_bytes)
             write_frame(out, Done())
         elif isinstance(msg, Ping):
@@ -170,32 +194,47 @@ class _Worker:
         return True
 
     def admit(self, msg: Run) -> str | None:
-        """Why a front's run may not start, or None when its lease token holds."""
+        """Why a front's run may not start, or None when its token holds: a lease's (one run) or
+        a route's (the bound tenant's runs, sent by fronts without asking the supervisor)."""
         lease = msg.lease
         if lease is None or not self.secret or self.tenant_id is None:
             return "no lease for this worker"
         if lease.tenant_id != self.tenant_id:
             return "the lease is for another tenant"
-        if not hmac.compare_digest(lease.mac, lease_mac(self.secret, lease.lease_id, self.worker_id, lease.tenant_id, lease.runs)):
+        if not hmac.compare_digest(lease.mac, lease_mac(self.secret, lease.lease_id, self.worker_id, lease.tenant_id)):
             return "bad lease token"
-        if lease.lease_id != self.lease_id:
-            if lease.lease_id in self.past:
-                return "the lease was given back"
-            if self.lease_id:
-                self.past.append(self.lease_id)
-            self.lease_id, self.lease_runs = lease.lease_id, 0
-        if self.lease_runs >= lease.runs:
-            return "the lease's runs are used up"
-        self.lease_runs += 1
+        if not lease.lease_id:
+            return None
+        if lease.lease_id == self.lease_id or lease.lease_id in self.past:
+            return "the lease was used"
+        if self.lease_id:
+            self.past.append(self.lease_id)
+        self.lease_id = lease.lease_id
+        return None
+
+    def refusal(self, msg: Run, now: float | None) -> Refused | None:
+        """A run that must not start as sent: naming a kernel set this worker does not hold
+        without carrying it, or (given `now`, as it is about to start) queued past its start_by."""
+        if now is not None and msg.start_by and now > msg.start_by:
+            return Refused(error="queued past its start time", reason=RefuseReason.LATE)
+        if msg.kernels is None and msg.kernels_version != self.kernels_version:
+            return Refused(error="this worker holds another kernel set", reason=RefuseReason.KERNELS)
         return None
 
     def run(self, msg: Run, body: bytes, out: BinaryIO, watch: int | None = None) -> None:
         """`watch`: the front's connection the run came on; a front whose caller went away
         half-closes it, which stops the guest (app/runtime/runner.py)."""
+        mark = run_mark(msg.invocation_id)
+        self.stats.set("running_since_ms", int(time.monotonic() * 1000))
+        self.stats.set("running", mark)
+        if msg.kernels is not None:
+            self.kernels_version = msg.kernels_version
         if msg.stream:  # stdout leaves as written, on the channel the run came from
             self.runner.on_stdout = lambda data: write_frame(out, Chunk(), data)
             write_frame(out, Chunk())  # the guest is starting: the caller may begin its response
         res = self.runner.run(msg, body, watch)
+        # stderr follows stdout in the frame's body, each sent from its own buffer: joined, stdout's
+        # buffer was grown past the cap (a realloc that may copy it: twice the cap at once)
         write_frame(
             out,
             Result(
@@ -207,8 +246,13 @@ class _Worker:
                 host=msgspec.convert(res.host, HostCounts),
                 spans=res.spans or None,
             ),
-            bytes(res.stdout) + res.stderr,
+            res.stdout,
+            res.stderr,
         )
+        del res  # the output goes before the scrub and the next instance
+        self.stats.set("last_done", mark)
+        self.stats.set("running", 0)
+        self.stats.set("last_used_ms", int(time.monotonic() * 1000))
         # after the reply, off the caller's path: scrub the guest's memory, build the next
         # call's instance (app/runtime/runner.py), publish counters
         self.memory.scrub()
@@ -219,10 +263,16 @@ class _Worker:
 
 
 def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str) -> int:
-    """Serve the control pipe and fronts' connections on a unix socket, one message at a time.
+    """Serve the control pipe and fronts' connections on a unix socket.
 
-    Both sides speak request/response (a front sends one run and reads its frames before the
-    next), so a readable descriptor never has a second frame waiting in its file buffer.
+    Calls from every front wait here and run one at a time, in the order they were sent: each
+    carries its `start_by` (its send time plus the node's queue wait, on the host's monotonic
+    clock), which orders them whichever front and connection they came on (the order in which
+    descriptors turn readable does not: a new connection is seen a turn late). Before each run
+    the worker takes in every call that has come meanwhile. A connection carries one call at a
+    time, so a readable descriptor never has a second frame waiting in its file buffer; one that
+    turns readable again while its call waits is its front giving up (EOF): the call is answered
+    cancelled without running.
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -231,17 +281,43 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
     sel.register(proto_in, selectors.EVENT_READ, None)
     sel.register(listener, selectors.EVENT_READ, None)
     conns: dict[int, tuple[socket.socket, BinaryIO, BinaryIO]] = {}
+    waiting: list[tuple[float, int, int]] = []  # (start_by, arrival, fd): a heap, earliest first
+    calls: dict[int, tuple[Run, bytes]] = {}  # by fd: the call that waits on it
+    arrivals = itertools.count()
 
     def drop(fd: int) -> None:
+        calls.pop(fd, None)
         conn, rfile, wfile = conns.pop(fd)
         sel.unregister(conn)
         for f in (rfile, wfile, conn):
             with contextlib.suppress(OSError):
                 f.close()
 
+    def take(fd: int) -> None:
+        _conn, rfile, wfile = conns[fd]
+        try:
+            frame = read_frame(rfile)
+            if frame is None:
+                if fd in calls:  # given up before it ran: answered, so its front keeps the worker
+                    write_frame(wfile, Result(status=RunStatus.CANCELLED, stdout_len=0, error="the caller went away before the run started"))
+                drop(fd)
+                return
+            msg, body = frame
+            if not isinstance(msg, Run):
+                write_frame(wfile, Failed(error=f"unexpected message {type(msg).__name__}"))
+            elif (refused := worker.refusal(msg, now=None)) is not None:  # before admit spends a lease
+                write_frame(wfile, refused)
+            elif (why := worker.admit(msg)) is not None:
+                write_frame(wfile, Refused(error=why))
+            else:
+                calls[fd] = (msg, body)
+                heapq.heappush(waiting, (msg.start_by or time.monotonic(), next(arrivals), fd))
+        except (ProtocolError, OSError):  # the front went away mid-frame
+            drop(fd)
+
     try:
         while True:
-            for key, _ in sel.select():
+            for key, _ in sel.select(0 if waiting else None):
                 if key.fileobj is proto_in:
                     frame = read_frame(proto_in)
                     if frame is None or not worker.control(frame[0], frame[1], proto_out):
@@ -253,22 +329,21 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
                     conns[conn.fileno()] = (conn, rfile, wfile)
                     sel.register(conn, selectors.EVENT_READ, None)
                 else:
-                    fd = key.fd
-                    _conn, rfile, wfile = conns[fd]
-                    try:
-                        frame = read_frame(rfile)
-                        if frame is None:
-                            drop(fd)
-                            continue
-                        msg, body = frame
-                        if not isinstance(msg, Run):
-                            write_frame(wfile, Failed(error=f"unexpected message {type(msg).__name__}"))
-                        elif (why := worker.admit(msg)) is not None:
-                            write_frame(wfile, Refused(error=why))
-                        else:
-                            worker.run(msg, body, wfile, watch=fd)
-                    except (ProtocolError, OSError):  # the front went away mid-frame
-                        drop(fd)
+                    take(key.fd)
+            if not waiting:
+                continue
+            _, _, fd = heapq.heappop(waiting)
+            if fd not in calls:
+                continue  # dropped while it waited
+            msg, body = calls.pop(fd)
+            wfile = conns[fd][2]
+            try:
+                if (late := worker.refusal(msg, now=time.monotonic())) is not None:
+                    write_frame(wfile, late)
+                else:
+                    worker.run(msg, body, wfile, watch=fd)
+            except OSError:  # the front went away meanwhile
+                drop(fd)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -11,6 +11,7 @@ pages of owners that no longer run (`sweep_stale_pages`) and leaves those of liv
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import mmap
 import os
@@ -22,10 +23,21 @@ from app.worker.lifeline import start_time
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("gpu_bytes_in_use", "gpu_bytes_cap", "launches", "invocations")
+# running / last_done: the mark (`run_mark`) of the invocation the worker runs now / ran last,
+# so that a front whose worker died knows whether its call had started (else it is sent again);
+# last_used_ms: CLOCK_MONOTONIC at the end of its last run (fronts send calls without the
+# supervisor, which reads when a worker was last busy here)
+# running_since_ms: CLOCK_MONOTONIC at the start of the running call (the supervisor's backstop
+# for a hard deadline that no front enforces: a front stopped mid-call)
+FIELDS = ("gpu_bytes_in_use", "gpu_bytes_cap", "launches", "invocations", "running", "last_done", "last_used_ms", "running_since_ms")
 _LAYOUT = struct.Struct("<" + "q" * len(FIELDS))
 _PREFIX = "tensorwasm-worker-"
 _NAME = re.compile(re.escape(_PREFIX) + r"(\d+)\.(\d+)-([0-9a-f]+)\.stats")
+
+
+def run_mark(invocation_id: str) -> int:
+    """A call's mark on the page: the same in every process (unlike hash()), never 0."""
+    return int.from_bytes(hashlib.blake2b(invocation_id.encode(), digest_size=7).digest(), "little") | 1
 
 
 def stats_dir(data_dir: Path) -> Path:
@@ -65,6 +77,9 @@ class StatsPage:
                 f.write(b"\0" * _LAYOUT.size)
         self._f = open(path, "r+b")
         self._map = mmap.mmap(self._f.fileno(), _LAYOUT.size)
+
+    def get(self, field: str) -> int:
+        return int(struct.unpack_from("<q", self._map, 8 * FIELDS.index(field))[0])
 
     def read(self) -> dict[str, int]:
         return dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0), strict=True))

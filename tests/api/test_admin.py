@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import httpx
 import pytest
 
+from app.db.repositories.nodes import NodeRepository
 from tests.helpers import ADMIN, deploy, new_tenant, wat
 
 QUOTA = {
@@ -16,6 +19,12 @@ QUOTA = {
     "wasm_memory_bytes": 32 * 1024 * 1024,
     "timeout_ms": 1500,
     "max_queued": 17,
+    "max_stored_bytes": 5 << 20,
+    "max_files_bytes": 3 << 20,
+    "scratch_bytes": 1 << 20,
+    "max_secrets": 9,
+    "max_secret_bytes": 4096,
+    "gpu_weight": 4,
 }
 
 
@@ -104,6 +113,14 @@ async def test_quota_patch_changes_only_the_given_fields(client: httpx.AsyncClie
         ("max_module_bytes", 0),
         ("wasm_memory_bytes", 1024),
         ("timeout_ms", 0),
+        ("max_stored_bytes", -1),
+        ("max_stored_bytes", (1 << 40) + 1),
+        ("max_files_bytes", -1),
+        ("max_files_bytes", (4 << 30) + 1),
+        ("scratch_bytes", -1),
+        ("scratch_bytes", (4 << 30) + 1),
+        ("gpu_weight", 0),
+        ("gpu_weight", 101),
     ],
 )
 async def test_quota_field_bounds(client: httpx.AsyncClient, field: str, value: float) -> None:
@@ -198,3 +215,82 @@ async def test_admin_workers_lists_workers(client: httpx.AsyncClient) -> None:
     assert r.status_code == 200
     workers = r.json()
     assert workers and {"id", "pid", "state", "tenant", "gpu_bytes_in_use", "gpu_bytes_cap"} <= set(workers[0])
+
+
+async def test_admin_nodes_lists_the_nodes_table_and_readyz_says_who_answered(client: httpx.AsyncClient, platform) -> None:
+    """This node (its queue runner heartbeats) alive, a node last seen a minute ago dead; /readyz
+    names the node that answered and counts the live ones."""
+    me = platform.settings.resolved_node_id
+    gone = platform.clock() - timedelta(seconds=60)
+    async with platform.sessionmaker() as session:
+        await NodeRepository(session).beat("node-gone", "elsewhere", gone, started=True)
+        await session.commit()
+    r = await client.get("/v1/admin/nodes", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    nodes = {n["id"]: n for n in r.json()}
+    assert nodes[me]["alive"] is True and nodes[me]["host"]
+    assert nodes["node-gone"]["alive"] is False and nodes["node-gone"]["host"] == "elsewhere"
+    assert datetime.fromisoformat(nodes["node-gone"]["last_seen"]) == gone
+    ready = (await client.get("/readyz")).json()
+    assert ready["cluster"]["node"] == me and ready["cluster"]["heartbeat"] == "ok"
+    assert ready["cluster"]["nodes_alive"] == 1 and 0 <= ready["cluster"]["heartbeat_age_s"] < platform.settings.node_dead_after_s
+    _, key = await new_tenant(client)
+    r = await client.get("/v1/admin/nodes", headers=key)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+
+
+async def test_every_tenant_route_takes_the_id_or_the_name(client: httpx.AsyncClient) -> None:
+    tid, _ = await new_tenant(client)
+    name = (await client.get(f"/v1/admin/tenants/{tid}", headers=ADMIN)).json()["name"]
+    for ref in (tid, name):
+        assert (await client.get(f"/v1/admin/tenants/{ref}", headers=ADMIN)).json()["id"] == tid
+        r = await client.patch(f"/v1/admin/tenants/{ref}/quota", json={"timeout_ms": 4321}, headers=ADMIN)
+        assert r.status_code == 200 and r.json()["timeout_ms"] == 4321
+        assert (await client.put(f"/v1/admin/tenants/{ref}/quota", json={"timeout_ms": 1234}, headers=ADMIN)).json()["timeout_ms"] == 1234
+        assert (await client.get(f"/v1/admin/tenants/{ref}/quota", headers=ADMIN)).json()["timeout_ms"] == 1234
+        made = (await client.post(f"/v1/admin/tenants/{ref}/api-keys", headers=ADMIN)).json()
+        assert made["id"] in [k["id"] for k in (await client.get(f"/v1/admin/tenants/{ref}/api-keys", headers=ADMIN)).json()]
+        assert (await client.delete(f"/v1/admin/tenants/{ref}/api-keys/{made['id']}", headers=ADMIN)).status_code == 204
+        assert (await client.patch(f"/v1/admin/tenants/{ref}", json={"disabled": True}, headers=ADMIN)).json()["disabled"] is True
+        assert (await client.patch(f"/v1/admin/tenants/{ref}", json={"disabled": False}, headers=ADMIN)).json()["disabled"] is False
+    r = await client.get("/v1/admin/tenants/no-such-tenant", headers=ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["message"] == "no tenant with the id or name 'no-such-tenant'"
+    # an id wins over a name: a tenant named like another's id does not shadow it
+    r = await client.post("/v1/admin/tenants", json={"name": tid}, headers=ADMIN)
+    assert r.status_code == 201
+    assert (await client.get(f"/v1/admin/tenants/{tid}", headers=ADMIN)).json()["name"] == name
+    assert (await client.delete(f"/v1/admin/tenants/{r.json()['id']}", headers=ADMIN)).status_code == 204
+    assert (await client.delete(f"/v1/admin/tenants/{name}", headers=ADMIN)).status_code == 204
+    assert (await client.get(f"/v1/admin/tenants/{tid}", headers=ADMIN)).status_code == 404
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+async def test_quota_refuses_nan_and_infinity(client: httpx.AsyncClient, literal: bytes) -> None:
+    tid, _ = await new_tenant(client)
+    body = b'{"requests_per_second": ' + literal + b"}"
+    for method in ("PATCH", "PUT"):
+        r = await client.request(method, f"/v1/admin/tenants/{tid}/quota", content=body, headers={**ADMIN, "Content-Type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert "requests_per_second" in r.json()["error"]["message"] and "finite" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "content,content_type,said",
+    [
+        (b'{"timeout_ms": 1000}', "application/x-www-form-urlencoded", "sent as application/x-www-form-urlencoded, not JSON"),
+        (b'{"timeout_ms": 1000}', "text/plain", "sent as text/plain, not JSON"),
+        (b"", "application/json", "the body is empty"),
+        (b"[1]", "application/json", "the body is a JSON array"),
+        (b'"x"', "application/json", "the body is a JSON string"),
+        (b"{bad", "application/json", "the body is not valid JSON"),
+    ],
+)
+async def test_a_body_that_is_not_a_json_object_says_what_to_send(
+    client: httpx.AsyncClient, content: bytes, content_type: str, said: str
+) -> None:
+    tid, _ = await new_tenant(client)
+    r = await client.patch(f"/v1/admin/tenants/{tid}/quota", content=content, headers={**ADMIN, "Content-Type": content_type})
+    assert r.status_code == 422
+    message = r.json()["error"]["message"]
+    assert said in message and message.endswith("send Content-Type: application/json with a JSON object body"), message
+    assert "valid dictionary" not in message

@@ -5,6 +5,7 @@ import json
 import httpx
 
 from app.main import create_app
+from tests.helpers import ADMIN
 from tests.helpers import ROOT as REPO_ROOT
 
 
@@ -15,8 +16,12 @@ async def test_healthz_and_readyz(client: httpx.AsyncClient) -> None:
 
 
 async def test_unknown_route_and_method_use_the_envelope(client: httpx.AsyncClient) -> None:
-    r = await client.get("/v1/nope")
+    r = await client.get("/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = await client.get("/v1/admin/nope", headers=ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = await client.get("/v1/nope")  # under /v1 the caller is asked for first, route or not
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
     r = await client.post("/healthz")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 

@@ -104,7 +104,7 @@ async def test_stdout_flood_stops_at_the_cap(app_factory) -> None:
 async def test_env_argv_and_query(client: httpx.AsyncClient, c_guest) -> None:
     tid, key = await new_tenant(client)
     tenant = (await client.get(f"/v1/admin/tenants/{tid}", headers=ADMIN)).json()["name"]
-    await deploy(client, key, "hello", c_guest("hello.c"), env=["GREETING=hi there"])
+    await deploy(client, key, "hello", c_guest("hello.c"), env=["GREETING=hi there"], cgi="true")
     r = await invoke(client, key, "hello", b"payload", params={"a": "1", "b": "x y"}, headers={"Content-Type": "text/x-test"})
     assert r.status_code == 200, r.text
     lines = dict(line.split("=", 1) for line in r.text.strip().splitlines())

@@ -53,6 +53,11 @@ def _wasm(ctx: Any, value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
+@schemathesis.serializer("application/x-tar")
+def _tar(ctx: Any, value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 SPEC = create_app().openapi()
 SCHEMA = schemathesis.openapi.from_dict(SPEC)
 OPERATIONS = [(method.upper(), path) for path, ops in SPEC["paths"].items() for method in ops]

@@ -80,7 +80,7 @@ def test_deploy_invoke_and_records(tenant: tuple[str, TensorWasmClient], c_guest
     with tw.invoke_stream("echo", b"pong") as chunks:
         assert b"".join(chunks) == b"pong"
 
-    tw.deploy("hello", c_guest("hello.c"), env={"GREETING": "hi"}, content_type="text/plain", timeout_ms=2000)
+    tw.deploy("hello", c_guest("hello.c"), env={"GREETING": "hi"}, cgi=True, content_type="text/plain", timeout_ms=2000)
     out = tw.invoke("hello", b"world", query={"x": "1"})
     assert out.content_type.startswith("text/plain") and b"GREETING=hi" in out.output and b"QUERY_STRING=x=1" in out.output
     with pytest.raises(TensorWasmError) as err:

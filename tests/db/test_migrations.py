@@ -13,7 +13,9 @@ from app.db.models import Base
 from app.db.session import sync_url
 from tests.helpers import fresh_postgres_database
 
-TABLES = {"tenants", "api_keys", "functions", "function_versions", "kernels", "invocations"}
+TABLES = {"tenants", "api_keys", "functions", "function_versions", "function_files", "kernels", "invocations", "invocation_outputs", "nodes"}
+TABLES |= {"secrets"}  # 0008
+TABLES |= {"function_logs", "callback_secrets", "callback_deliveries"}  # 0009
 
 
 def _tables(url: str) -> set[str]:

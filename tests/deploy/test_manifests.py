@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -11,9 +14,12 @@ import yaml
 from check_jsonschema.builtin_schemas import get_builtin_schema
 from jsonschema.validators import validator_for
 
+from tests.helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 K8S_VERSION = "1.31.0"
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
 
 def _docs(path: Path) -> list[dict]:
@@ -48,8 +54,8 @@ def test_compose_file_is_valid() -> None:
     doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     errors = sorted(validator_for(schema)(schema).iter_errors(doc), key=str)  # the draft the schema declares
     assert not errors, "\n".join(e.message for e in errors)
-    assert {"api", "postgres", "prometheus", "grafana"} <= set(doc["services"])
-    doc["services"]["api"]["restartt"] = "always"  # the validator does catch a bad key
+    assert {"nginx", "api-1", "api-2", "postgres", "prometheus", "grafana"} <= set(doc["services"])
+    doc["services"]["api-1"]["restartt"] = "always"  # the validator does catch a bad key
     assert list(validator_for(schema)(schema).iter_errors(doc))
     for svc in doc["services"].values():
         for vol in svc.get("volumes", []):
@@ -62,3 +68,42 @@ def test_dashboards_are_provisioned_json() -> None:
     for path in (ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"):
         d = json.loads(path.read_text())
         assert d["uid"].startswith("tensorwasm-") and d["panels"]
+
+
+def test_compose_publishes_no_default_secret() -> None:
+    """Every published port is bound to loopback, and the nodes refuse to start without an admin
+    token (compose's ${VAR:?message}): no `change-me` on a port open to all."""
+    doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, svc in doc["services"].items():
+        for port in svc.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+        token = (svc.get("environment") or {}).get("TENSORWASM_ADMIN_TOKEN")
+        if token is not None:
+            assert token.startswith("${TENSORWASM_ADMIN_TOKEN:?"), f"{name}'s admin token has a default: {token}"
+    assert "ports" not in doc["services"]["api-1"] and "ports" not in doc["services"]["postgres"]
+
+
+def test_kubernetes_applies_no_placeholder_secret_and_names_the_documented_image() -> None:
+    applied = [d for name in _docs(ROOT / "deploy" / "k8s" / "kustomization.yaml")[0]["resources"]
+               for d in _docs(ROOT / "deploy" / "k8s" / name)]
+    assert not [d for d in applied if d["kind"] == "Secret"]  # created by the operator, never a CHANGE-ME
+    pod = next(d for d in applied if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
+    assert images == {"tensorwasm:cuda"}
+    # the image the docs say how to build, from the Dockerfile's CUDA target
+    assert "docker build --target cuda -t tensorwasm:cuda ." in (ROOT / "docs" / "operations.md").read_text()
+    assert re.search(r"^FROM \S+ AS cuda$", (ROOT / "Dockerfile").read_text(), re.M)
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx; .ci/run installs it)")
+def test_the_compose_balancer_config_is_accepted_by_nginx(tmp_path: Path) -> None:
+    """nginx -t on the compose file's nginx.conf, its node names pointed at loopback (they resolve
+    only on the compose network)."""
+    conf = (ROOT / "deploy" / "cluster" / "nginx.compose.conf").read_text()
+    assert "hash $http_authorization consistent;" in conf
+    conf = conf.replace("server api-1:8080", "server 127.0.0.1:1").replace("server api-2:8080", "server 127.0.0.1:2")
+    conf = conf.replace("/tmp/nginx", str(tmp_path / "nginx")).replace("listen 8080;", f"listen 127.0.0.1:{free_port()};")
+    (tmp_path / "nginx.conf").write_text(conf)
+    res = subprocess.run([NGINX, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "error.log")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

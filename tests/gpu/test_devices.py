@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.gpu.probe import probe
-from app.worker.client import WorkerState
+from app.worker.handle import WorkerState
 from tests.helpers import (
     ADMIN,
     deploy,

@@ -150,12 +150,14 @@ async def pinned(base: str, front: int, all_fronts: list[int]) -> AsyncIterator[
         yield client
 
 
-async def both_fronts(proc: Any) -> list[int]:
-    async def two() -> list[int] | None:
-        f = fronts(proc.pid)
-        return f if len(f) == 2 else None
+async def both_fronts(proc: Any, count: int = 2) -> list[int]:
+    """The node's front pids, once all `count` of them run."""
 
-    return await until(two, "two fronts")  # type: ignore[no-any-return]
+    async def up() -> list[int] | None:
+        f = fronts(proc.pid)
+        return f if len(f) == count else None
+
+    return await until(up, f"{count} fronts")  # type: ignore[no-any-return]
 
 
 async def tenant_busy(client: httpx.AsyncClient, tenant_id: str) -> dict[str, Any] | None:

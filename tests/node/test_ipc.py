@@ -29,7 +29,7 @@ def _protocol() -> tuple[MessageProtocol, list[NodeMessage], list[Exception | No
     return p, got, lost, transport
 
 
-MESSAGES: list[Any] = [Hello(front=1, pid=42), *(ReleaseLease(f"lease-{i}", Outcome.OK, "v", runs=i) for i in range(1, 6))]
+MESSAGES: list[Any] = [Hello(front=1, pid=42), *(ReleaseLease(f"lease-{i}", Outcome.OK, f"v{i}") for i in range(1, 6))]
 
 
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])

@@ -127,7 +127,7 @@ async def test_a_killed_front_loses_only_its_own_call(node: tuple[Any, str], c_g
         r = await admin.post("/v1/functions/echo/invoke", headers=doomed, content=b"again")
         assert r.status_code == 200 and r.text == "again"
 
-        async def idle() -> bool:  # the echo call's lease goes back just after its answer (a held one within lease_idle_ms)
+        async def idle() -> bool:  # the echo call's lease goes back just after its answer
             return (await admin.get("/v1/usage", headers=doomed)).json()["running"] == 0
 
         await until(idle, "the doomed tenant's count of running calls to drop to 0", limit_s=10)  # nothing leaked from the killed front
@@ -392,3 +392,4 @@ async def test_async_stream_and_records_through_either_front(node: tuple[Any, st
         call_id = r.headers["X-Invocation-Id"]
         r = await via_b.get(f"/v1/invocations/{call_id}", headers=key)  # front a holds it in its batch
         assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
+

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
 
-from tests.helpers import deploy, new_tenant, wat
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
+
+from app.db.models import Invocation
+from app.db.repositories.nodes import NodeRepository
+from tests.helpers import ADMIN, deploy, from_address, new_tenant, submit, wait_status, wat
 
 
 def _samples(text: str) -> dict[str, list]:
@@ -58,3 +67,75 @@ async def test_metrics_token(app_factory) -> None:
         assert (await client.get("/metrics")).status_code == 401
         assert (await client.get("/metrics", headers={"Authorization": "Bearer nope"})).status_code == 401
         assert (await client.get("/metrics", headers={"Authorization": "Bearer scrape-secret"})).status_code == 200
+
+
+@pytest.mark.parametrize("given", ["x" * 129, "a b", "\u00e9t\u00e9", "id\x7f", ""])
+async def test_a_request_id_that_is_not_short_and_plain_is_replaced(client: httpx.AsyncClient, given: str) -> None:
+    r = await client.get("/healthz", headers=[(b"x-request-id", given.encode("utf-8"))])
+    echoed = r.headers["x-request-id"]
+    assert echoed != given and len(echoed) == 16
+
+
+async def test_metrics_off_loopback_need_a_token(client: httpx.AsyncClient, app_factory) -> None:
+    async with from_address(client, "203.0.113.9") as remote:
+        r = await remote.get("/metrics")
+        assert r.status_code == 401 and "TENSORWASM_METRICS_TOKEN" in r.json()["error"]["message"]
+        assert (await remote.get("/metrics", headers=ADMIN)).status_code == 200
+    assert (await client.get("/metrics")).status_code == 200  # loopback
+    async with app_factory(metrics_public=True) as (public, _), from_address(public, "203.0.113.9") as remote:
+        assert (await remote.get("/metrics")).status_code == 200
+
+
+async def test_metrics_tokens_are_guessed_no_faster_than_keys(client: httpx.AsyncClient, platform: Any) -> None:
+    burst = platform.settings.auth_failure_burst
+    async with from_address(client, "203.0.113.10") as guesser:
+        codes = [(await guesser.get("/metrics", headers={"Authorization": f"Bearer guess-{i}"})).status_code for i in range(burst + 1)]
+    assert codes[:-1] == [401] * burst and codes[-1] == 429
+
+
+async def _scrape(client: httpx.AsyncClient, name: str) -> list[Any]:
+    return _samples((await client.get("/metrics")).text).get(name, [])
+
+
+async def _claimed_by(platform: Any, client: httpx.AsyncClient, key: dict[str, str], inv: str, node: str) -> None:
+    """Once this node runs `inv`, hand its claim to `node`, as if that node held it."""
+    await wait_status(client, key, inv, "running")
+    async with platform.sessionmaker() as session:
+        await session.execute(update(Invocation).where(Invocation.id == inv).values(claimed_by=node))
+        await session.commit()
+
+
+async def test_a_node_exports_its_id_the_nodes_it_sees_and_what_it_recovered(client: httpx.AsyncClient, platform: Any) -> None:
+    """tensorwasm_node_info names this node; tensorwasm_nodes_alive counts live heartbeats (not
+    a node gone a minute ago); a dead node's running work queued again counts a retry, and its
+    last attempt lost counts an interruption, on the node that recovered them."""
+    me = platform.settings.resolved_node_id
+    assert [s.labels["node_id"] for s in await _scrape(client, "tensorwasm_node_info")] == [me]
+    # the database is the session's: this node may have recovered earlier apps' work at its start
+    (retries,) = [s.value for s in await _scrape(client, "tensorwasm_async_retries_total")]
+    (interrupted,) = [s.value for s in await _scrape(client, "tensorwasm_async_interrupted_total")]
+    dead = "node-dead"
+    async with platform.sessionmaker() as session:
+        await NodeRepository(session).beat(dead, "elsewhere", platform.clock() - timedelta(seconds=60), started=True)
+        await session.commit()
+    _, key = await new_tenant(client, timeout_ms=60_000)
+    assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
+    assert (await deploy(client, key, "once", wat("loop"), max_attempts=1)).status_code == 201
+    retried = (await submit(client, key, "loop")).json()["id"]
+    lost = (await submit(client, key, "once")).json()["id"]
+    for inv in (retried, lost):
+        await _claimed_by(platform, client, key, inv, dead)
+    assert (await wait_status(client, key, lost, "interrupted"))["attempt"] == 1
+    rec = await wait_status(client, key, retried, "running", "queued")
+    deadline = time.monotonic() + 30
+    while rec["attempt"] < 2:  # queued again, then claimed here
+        assert time.monotonic() < deadline, rec
+        await asyncio.sleep(0.05)
+        rec = (await client.get(f"/v1/invocations/{retried}", headers=key)).json()
+    assert [a["node"] for a in rec["lost_attempts"]] == [dead]
+    assert [s.value for s in await _scrape(client, "tensorwasm_async_retries_total")] == [retries + 1]
+    assert [s.value for s in await _scrape(client, "tensorwasm_async_interrupted_total")] == [interrupted + 1]
+    table = (await client.get("/v1/admin/nodes", headers=ADMIN)).json()
+    (alive,) = [s.value for s in await _scrape(client, "tensorwasm_nodes_alive")]
+    assert 1 <= alive <= len([n for n in table if n["id"] != dead])  # this node counted, node-dead not
+    assert (await client.post(f"/v1/invocations/{retried}/cancel", headers=key)).status_code in (200, 202)

@@ -25,6 +25,22 @@ def _run(cmd: list[str | Path], cwd: Path, env: dict[str, str]) -> str:
     return res.stdout
 
 
+def _venv_with_these_dependencies(venv: Path, env: dict[str, str]) -> Path:
+    """A fresh venv (with pip) that sees the dependencies of the interpreter running the tests but
+    not its `app`: a .pth file lists this interpreter's site-packages directories. Not
+    `--system-site-packages`: made from a venv's interpreter, that would give the base
+    interpreter's packages, not this environment's. The .pth files of those directories (an
+    editable install's path to this tree among them) are not processed: a directory a .pth file
+    names is only appended to sys.path."""
+    _run([sys.executable, "-m", "venv", venv], venv.parent, env)
+    python = venv / "bin" / "python"
+    purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], venv.parent, env).strip())
+    here = [p for p in dict.fromkeys(sys.path) if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    assert here, f"no site-packages directory on this interpreter's path: {sys.path}"
+    (purelib / "_tensorwasm_test_dependencies.pth").write_text("".join(f"{p}\n" for p in here))
+    return venv
+
+
 def test_wheel_is_self_contained(tmp_path: Path, c_guest: Callable[[str], bytes]) -> None:
     # build from a copy, so the checkout gets no build/ directory
     src = tmp_path / "src"
@@ -32,7 +48,9 @@ def test_wheel_is_self_contained(tmp_path: Path, c_guest: Callable[[str], bytes]
         ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", ".tensorwasm", "__pycache__", ".pytest_cache", ".venv", "*.wasm")
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TENSORWASM_")}
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", src], tmp_path, env)
+    venv = _venv_with_these_dependencies(tmp_path / "venv", env)
+    bin_ = venv / "bin"
+    _run([bin_ / "python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "dist", src], tmp_path, env)
     (wheel,) = (tmp_path / "dist").glob("tensorwasm-*.whl")
 
     names = zipfile.ZipFile(wheel).namelist()
@@ -43,10 +61,7 @@ def test_wheel_is_self_contained(tmp_path: Path, c_guest: Callable[[str], bytes]
     packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "app").rglob("__init__.py")}
     assert all(f"{p}/__init__.py" in names for p in packages)  # every package of the tree ships
 
-    # a fresh venv (dependencies from the system, the app only from the wheel)
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", venv], tmp_path, env)
-    bin_ = venv / "bin"
+    # the app only from the wheel
     _run([bin_ / "python", "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel], tmp_path, env)
 
     elsewhere = tmp_path / "elsewhere"

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import uuid
 from datetime import datetime, timedelta
 
 import httpx
+from sqlalchemy import delete
 
 from app.db.migrate import upgrade
-from app.db.models import Invocation, utcnow
+from app.db.models import OUTPUT_SLICE, Invocation, utcnow
+from app.db.repositories.invocations import InvocationRepository
 from tests.helpers import ADMIN, deploy, fresh_database, make_settings, new_tenant, running_app, submit, wait_status, wat
 
 
@@ -32,13 +35,43 @@ async def test_submit_runs_and_stores_output(client: httpx.AsyncClient) -> None:
     assert out.headers["x-invocation-status"] == "succeeded"
 
 
+async def test_an_output_of_several_slices_is_stored_and_read_back_whole(client: httpx.AsyncClient, platform) -> None:
+    """An output is stored in slices of OUTPUT_SLICE bytes and answered from them in order, its
+    length up front; it counts against the tenant's storage and goes with its record."""
+    _, key = await new_tenant(client)
+    await deploy(client, key, "echo", wat("echo"))
+    body = os.urandom(2 * OUTPUT_SLICE + 12345)
+    inv = (await submit(client, key, "echo", body)).json()["id"]
+    await wait_status(client, key, inv, "succeeded")
+    out = await client.get(f"/v1/invocations/{inv}/output", headers=key)
+    assert out.status_code == 200 and out.headers["content-length"] == str(len(body)) and out.content == body
+    async with platform.sessionmaker() as s:
+        assert (await s.get(Invocation, inv)).output_bytes == len(body)
+        assert await InvocationRepository(s).output_slice(inv, 3) is None  # three slices, the last one short
+        assert len(await InvocationRepository(s).output_slice(inv, 2) or b"") == 12345
+    assert (await client.get("/v1/usage", headers=key)).json()["stored_async_bytes"] == len(body)
+    async with platform.sessionmaker() as s:
+        await s.execute(delete(Invocation).where(Invocation.id == inv))  # as the sweep deletes records
+        await s.commit()
+        assert await InvocationRepository(s).output_slice(inv, 0) is None  # the slices went with the record
+
+
 async def test_guest_error_output_and_status(client: httpx.AsyncClient) -> None:
     _, key = await new_tenant(client)
     await deploy(client, key, "exit3", wat("exit3"))
     inv = (await submit(client, key, "exit3")).json()["id"]
     rec = await wait_status(client, key, inv, "guest_error")
     assert rec["exit_code"] == 3 and rec["stderr_tail"] == "something went wrong\n"
+    # the output route answers what a synchronous call that ended so answers
     out = await client.get(f"/v1/invocations/{inv}/output", headers=key)
+    sync = await client.post("/v1/functions/exit3/invoke", headers=key)
+    assert out.status_code == sync.status_code == 500
+    assert out.json()["error"] == {**sync.json()["error"], "message": out.json()["error"]["message"]}
+    assert out.json()["error"]["code"] == "guest_error" and out.json()["error"]["exit_code"] == 3
+    assert out.json()["error"]["stderr_tail"] == "something went wrong\n"
+    assert out.headers["x-invocation-status"] == "guest_error" and out.headers["x-invocation-id"] == inv
+    # ... and with any=true, whatever stdout it stored
+    out = await client.get(f"/v1/invocations/{inv}/output", params={"any": "true"}, headers=key)
     assert out.status_code == 200 and out.content == b"partial output\n"
     assert out.headers["x-invocation-status"] == "guest_error"
 
@@ -114,6 +147,8 @@ async def test_max_queued_is_429_and_usage_counts(client: httpx.AsyncClient) -> 
     r = await client.post(f"/v1/invocations/{running}/cancel", headers=key)
     assert r.status_code == 409 and r.json()["error"]["code"] == "already_finished"
     out = await client.get(f"/v1/invocations/{running}/output", headers=key)
+    assert out.status_code == 409 and out.json()["error"]["code"] == "cancelled" and out.headers["x-invocation-status"] == "cancelled"
+    out = await client.get(f"/v1/invocations/{running}/output?any=1", headers=key)
     assert out.status_code == 200 and out.headers["x-invocation-status"] == "cancelled"
     await deploy(client, key, "echo", wat("echo"))
     r = await client.post("/v1/functions/echo/invoke", content=b"alive", headers=key)
@@ -182,40 +217,46 @@ async def test_output_expires_after_retention_and_sweep(client: httpx.AsyncClien
         platform.queue.clock, platform.queue_runner.clock = real_q, real_r
     async with platform.sessionmaker() as s:
         row = await s.get(Invocation, inv)
-        assert row.output is None and row.input is None and row.status == "succeeded"
+        assert row.output_bytes is None and row.input is None and row.status == "succeeded"
+        assert await InvocationRepository(s).output_slice(inv, 0) is None
     r = await client.get(f"/v1/invocations/{inv}/output", headers=key)
     assert r.status_code == 410
 
 
-async def test_stale_claims_end_interrupted_never_rerun(client: httpx.AsyncClient, platform) -> None:
-    """At start a node ends its own running claims `interrupted`; any node ends claims whose
-    lease ran out (their node died) the same way."""
-    tid, key = await new_tenant(client)
-    await deploy(client, key, "echo", wat("echo"))
-    now = utcnow()
-    mine, other = uuid.uuid4().hex, uuid.uuid4().hex
-    async with platform.sessionmaker() as s:
-        for inv_id, node, lease in ((mine, platform.queue_runner.node_id, now + timedelta(hours=1)), (other, "dead-node", now - timedelta(seconds=1))):
-            s.add(Invocation(id=inv_id, tenant_id=tid, function="echo", version=1, mode="async", status="running",
-                             created_at=now, started_at=now, input=b"x", claimed_by=node, lease_expires_at=lease))
-        await s.commit()
-    rec = await wait_status(client, key, other, "interrupted", timeout_s=10)  # found by the lease loop
-    assert "not re-run" in rec["error"]
-    from app.db.repositories.invocations import InvocationRepository
+async def test_a_timed_out_invocation_answers_504_as_a_sync_call(client: httpx.AsyncClient) -> None:
+    _, key = await new_tenant(client, timeout_ms=300)
+    await deploy(client, key, "loop", wat("loop"))
+    inv = (await submit(client, key, "loop")).json()["id"]
+    await wait_status(client, key, inv, "timeout")
+    out = await client.get(f"/v1/invocations/{inv}/output", headers=key)
+    sync = await client.post("/v1/functions/loop/invoke", headers=key)
+    assert out.status_code == sync.status_code == 504
+    assert out.json()["error"]["code"] == sync.json()["error"]["code"] == "timeout"
+    assert out.headers["x-invocation-status"] == "timeout"
 
-    async with platform.sessionmaker() as s:  # what a restart of this node does first
-        assert await InvocationRepository(s).interrupt(utcnow(), node_id=platform.queue_runner.node_id) == 1
-        await s.commit()
-    rec = await wait_status(client, key, mine, "interrupted")
-    out = await client.get(f"/v1/invocations/{mine}/output", headers=key)
-    assert out.status_code == 200 and out.content == b"" and out.headers["x-invocation-status"] == "interrupted"
+
+async def test_a_failed_invocation_answers_its_failure_after_the_retention(client: httpx.AsyncClient, platform) -> None:
+    """How it ended stays known once the output is gone; only `any=true` asks for the output."""
+    _, key = await new_tenant(client)
+    await deploy(client, key, "exit3", wat("exit3"))
+    inv = (await submit(client, key, "exit3")).json()["id"]
+    await wait_status(client, key, inv, "guest_error")
+    real = platform.queue.clock
+    platform.queue.clock = lambda: real() + timedelta(seconds=platform.settings.output_retention_s + 1)
+    try:
+        assert (await client.get(f"/v1/invocations/{inv}/output", headers=key)).status_code == 500
+        r = await client.get(f"/v1/invocations/{inv}/output?any=true", headers=key)
+        assert r.status_code == 410 and r.json()["error"]["code"] == "expired"
+    finally:
+        platform.queue.clock = real
 
 
 async def test_backlog_and_running_gauges(tmp_path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     def gauges(text: str) -> dict[str, float]:
-        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("tensorwasm_async_")}
+        names = ("tensorwasm_async_backlog", "tensorwasm_async_running")
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in names}
 
     # its own database (the backlog counts every node's queued work), a lease check (and so a
     # backlog count) every 0.1 s

@@ -38,7 +38,7 @@ def wait_for(node: Node, key: dict, inv: str, *statuses: str, timeout_s: float =
         time.sleep(0.1)
 
 
-def test_kill_9_then_restart_runs_queued_and_interrupts_running(tmp_path: Path) -> None:
+def test_kill_9_then_restart_runs_queued_and_interrupts_running_with_no_attempts_left(tmp_path: Path) -> None:
     url, drop = fresh_database(tmp_path)
     data = tmp_path / "data"
     node = Node(url, data).start()
@@ -48,6 +48,9 @@ def test_kill_9_then_restart_runs_queued_and_interrupts_running(tmp_path: Path) 
         def submit(fn: str, body: bytes = b"") -> httpx.Response:
             return httpx.post(f"{node.url}/v1/functions/{fn}/invocations", content=body, headers=key, timeout=10)
 
+        r = httpx.put(f"{node.url}/v1/functions/write_then_spin", params={"max_attempts": 1}, content=wat("write_then_spin"),
+                      headers={**key, "Content-Type": "application/wasm"}, timeout=30)
+        assert r.status_code == 200 and r.json()["max_attempts"] == 1  # never run again: it ends interrupted
         running = submit("write_then_spin").json()["id"]
         wait_for(node, key, running, "running")
         queued = {submit("echo", f"job {i}".encode()).json()["id"]: f"job {i}".encode() for i in range(3)}
@@ -57,12 +60,14 @@ def test_kill_9_then_restart_runs_queued_and_interrupts_running(tmp_path: Path) 
 
         node = Node(url, data).start()  # same database, same data dir: the same node
         rec = wait_for(node, key, running, "interrupted")
-        assert "not re-run" in rec["error"] and rec["ended_at"] is not None
+        assert "no attempts are left" in rec["error"] and rec["ended_at"] is not None and rec["attempt"] == 1
         for inv, body in queued.items():
             wait_for(node, key, inv, "succeeded")
             out = httpx.get(f"{node.url}/v1/invocations/{inv}/output", headers=key)
             assert out.status_code == 200 and out.content == body and out.headers["x-invocation-status"] == "succeeded"
         out = httpx.get(f"{node.url}/v1/invocations/{running}/output", headers=key)
+        assert out.status_code == 500 and out.json()["error"]["code"] == "interrupted" and out.headers["x-invocation-status"] == "interrupted"
+        out = httpx.get(f"{node.url}/v1/invocations/{running}/output", params={"any": "true"}, headers=key)
         assert out.status_code == 200 and out.headers["x-invocation-status"] == "interrupted"
     finally:
         node.stop()

@@ -29,7 +29,7 @@ async def test_another_domain_error_ends_internal_error(client: httpx.AsyncClien
     _, key = await new_tenant(client)
     assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
 
-    async def execute(*_: Any) -> Any:
+    async def execute(*_: Any, **__: Any) -> Any:
         raise Unavailable("the compiler is unavailable; retry later", retry_after=5)
 
     monkeypatch.setattr(platform.queue_runner, "execute", execute)

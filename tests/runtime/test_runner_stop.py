@@ -92,3 +92,30 @@ def test_an_idle_workers_ticker_parks_and_the_next_guest_still_keeps_its_time_li
         threading.Timer(0.2, front.shutdown, args=(socket.SHUT_WR,)).start()
         res = r.run(_run(loop), b"", watch=worker.fileno())
     assert res.status == "cancelled", res.error
+
+
+def test_a_guest_that_keeps_writing_stops_at_its_time_limit_while_the_ticker_waits_for_the_gil(tmp_path: Path) -> None:
+    """A loop of writes holds the GIL for most of each tick, and here a busy thread takes it
+    too: the ticker wakes late, and the epoch must still follow the clock (counting wake-ups
+    ran such guests 25% to 2x past their limit, past the front's hard deadline)."""
+    cache = ArtifactCache(tmp_path)
+    sha = compile_artifact(cache, wat("write_loop"))
+    r = GuestRunner(make_engine(), cache, None, 5)
+    stop = threading.Event()
+
+    def busy() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    burner = threading.Thread(target=busy, daemon=True)
+    burner.start()
+    try:
+        t0 = time.monotonic()
+        res = r.run(_run(sha, timeout_ms=1000), b"")
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        burner.join()
+    assert res.status == "timeout", res.error
+    assert took < 1.25, took  # within the hard deadline's grace, as measured against its 1 s limit

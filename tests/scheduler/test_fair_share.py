@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from app.worker.client import WorkerState
+from app.worker.handle import WorkerState
 from tests.helpers import deploy, new_tenant, wat
 
 

@@ -76,20 +76,3 @@ def test_one_worker_or_a_reserve_past_the_node_still_serves_everyone() -> None:
     assert not b.granted and fair.release(a) == [b]
     wide = FairShare(max_workers=3, reserved=10)
     assert wide.share == 1 and [t.granted for t in _flood(wide, "a", 2)] == [True, False]
-
-
-def test_a_tenant_is_starved_only_by_slots_others_hold() -> None:
-    """What a lease passed from call to call may hold up (app/node/supervisor.py recalls them):
-    another tenant's call that waits only because every slot is held, not for its own limits."""
-    fair = FairShare(max_workers=2, reserved=0)
-    a = _flood(fair, "a", 4, limit=2)  # a holds both slots; its own calls wait for its limit
-    assert not fair.starved("a") and not fair.starved("b")
-    b = _flood(fair, "b", 1)
-    assert fair.starved("a")  # b waits for a slot a holds
-    assert not fair.starved("b")  # its own waiting calls do not count
-    fair.release(a[0])  # b gets it
-    assert b[0].granted and not fair.starved("a")
-    capped = FairShare(max_workers=4, reserved=0)
-    _flood(capped, "c", 1, limit=1)
-    _flood(capped, "c", 3, limit=1)  # waits for its own limit while slots are free
-    assert not capped.starved("d")

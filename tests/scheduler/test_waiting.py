@@ -14,18 +14,17 @@ from typing import Any
 import pytest
 
 from app.contract.errors import NoCapacity, Rejected, RejectReason
-from app.contract.messages import Outcome
+from app.contract.messages import Outcome, Principal, Quota
 from app.scheduler.leases import Lease, Waiting, WaitState
 from app.scheduler.scheduler import Scheduler
-from app.services.principal import TenantPrincipal, TenantQuota
 
 
-def _principal(max_concurrency: int = 1, gpu_memory_bytes: int = 0) -> TenantPrincipal:
-    quota = TenantQuota(
+def _principal(max_concurrency: int = 1, gpu_memory_bytes: int = 0) -> Principal:
+    quota = Quota(
         gpu_memory_bytes=gpu_memory_bytes, max_concurrency=max_concurrency, requests_per_second=1000.0, max_functions=10,
         max_module_bytes=1 << 20, wasm_memory_bytes=64 << 20, timeout_ms=10_000, max_queued=100,
     )
-    return TenantPrincipal(f"t-{uuid.uuid4().hex[:12]}", "waiting", quota)
+    return Principal(f"t-{uuid.uuid4().hex[:12]}", "waiting", quota)
 
 
 class _Calls:
@@ -35,12 +34,12 @@ class _Calls:
         self.granted: list[tuple[int, Lease]] = []
         self.failed: list[tuple[int, Exception]] = []
 
-    def queue(self, s: Scheduler, p: TenantPrincipal, n: int) -> Waiting:
+    def queue(self, s: Scheduler, p: Principal, n: int) -> Waiting:
         return s.queue_lease(p, lambda lease: self.granted.append((n, lease)), lambda exc: self.failed.append((n, exc)))
 
 
 @asynccontextmanager
-async def _leased(app_factory: Any, max_concurrency: int = 1, **settings: Any) -> AsyncIterator[tuple[Scheduler, TenantPrincipal, Lease, _Calls]]:
+async def _leased(app_factory: Any, max_concurrency: int = 1, **settings: Any) -> AsyncIterator[tuple[Scheduler, Principal, Lease, _Calls]]:
     """A scheduler whose one tenant holds a lease (its first call, which binds its worker), and
     the callbacks of the calls the test queues behind it."""
     async with app_factory(**settings) as (_, platform):
@@ -149,7 +148,7 @@ async def test_a_cap_no_device_can_hold_fails_the_queued_call(app_factory) -> No
 
 async def test_a_waiting_lease_granted_as_its_caller_is_cancelled_is_given_back(app_factory) -> None:
     """The release grants the waiting `lease()` and the caller is cancelled before it resumes
-    (the supervisor cancels a traced wait that a front's handoff served): the lease goes back."""
+    (the supervisor cancels a traced wait whose front went away): the lease goes back."""
     async with app_factory(max_workers=2, queue_wait_ms=5000) as (_, platform):
         s: Scheduler = platform.scheduler
         p = _principal(max_concurrency=1)

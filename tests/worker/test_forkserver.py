@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import pytest
 
 from app.contract.messages import Ping, Pong
-from app.worker.client import WorkerHandle
 from app.worker.forkserver import ForkServer
+from app.worker.handle import WorkerHandle
 from tests.helpers import make_settings, process_alive
 
 

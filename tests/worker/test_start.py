@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.gpu.cuda import is_refusal
-from app.worker.client import StartRefused, WorkerHandle, WorkerLost, WorkerState
+from app.worker.handle import StartRefused, WorkerHandle, WorkerLost, WorkerState
 from tests.helpers import checkout_pythonpath, make_settings
 
 # Stand-ins for app.worker.main: each answers its first frame as a worker would at start.

@@ -11,11 +11,13 @@ from fastapi.responses import JSONResponse
 from starlette.types import Receive
 
 from app.api.body import read_limited
+from app.api.call_args import call_args, call_version
 from app.api.deps import TENANT_SECURITY, authenticate_tenant
 from app.api.errors import CLIENT_CLOSED, error_responses
 from app.api.media import safe_media_type
 from app.api.routers.functions import NameParam
 from app.api.routers.stream import invoke_streaming, stream_kind
+from app.api.streaming import SlicedResponse
 from app.platform import Platform
 from app.services.invocations import InvokeService
 
@@ -34,7 +36,10 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
         },
         **error_responses(
             400, 401, 403, 404, 413, 422, 429, 500, 503, 504,
-            s404="no such function",
+            s400="X-Function-Args is not JSON, X-Function-Version not a number (or another malformed request)",
+            s404="no such function, or it keeps no version X-Function-Version names (version_not_found)",
+            s422="X-Function-Args is not an array of strings within its bounds, X-Function-Version out of range, or an "
+            "invalid name",
             s500="guest_error (with exit_code and stderr_tail), output_limit_exceeded, device_error, worker_crashed or internal",
         ),
     },
@@ -46,18 +51,20 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 async def invoke_function(name: NameParam, request: Request) -> Response:
     platform: Platform = request.app.state.platform
     tenant = await authenticate_tenant(request, platform)
+    args = call_args(request)
+    version = call_version(request)
     with platform.bodies.hold(tenant.id) as hold:
         body = await read_limited(request, platform.settings.max_request_bytes, hold=hold)
         stream = stream_kind(request)
         if stream is not None:
-            return await invoke_streaming(platform, tenant, name, body, request, stream)
+            return await invoke_streaming(platform, tenant, name, body, request, stream, args, version)
         service = InvokeService(platform.executor, platform.recorder)
         call = asyncio.current_task()
         assert call is not None
         watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
         try:
             outcome = await service.invoke(
-                tenant, name, body, request.url.query, request.headers.get("content-type", "")
+                tenant, name, body, request.url.query, request.headers.get("content-type", ""), args, version
             )
         except asyncio.CancelledError:
             if not watcher.done() or watcher.cancelled():
@@ -69,7 +76,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
         headers = {"X-Invocation-Id": outcome.invocation_id}
         if outcome.error is not None:
             return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
-        return Response(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
+        return SlicedResponse(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
 
 
 async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> None:

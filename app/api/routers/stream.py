@@ -7,8 +7,8 @@ from typing import Literal
 from fastapi import Request, Response
 
 from app.api.streaming import DisconnectAwareStream
+from app.contract.messages import Principal
 from app.platform import Platform
-from app.services.principal import TenantPrincipal
 from app.services.streaming import StreamCall, sse
 
 StreamKind = Literal["sse", "raw"]
@@ -23,10 +23,11 @@ def stream_kind(request: Request) -> StreamKind | None:
 
 
 async def invoke_streaming(
-    platform: Platform, tenant: TenantPrincipal, name: str, body: bytes, request: Request, kind: StreamKind
+    platform: Platform, tenant: Principal, name: str, body: bytes, request: Request, kind: StreamKind,
+    args: list[str] | None = None, version: int | None = None,
 ) -> Response:
-    call = StreamCall(platform.executor, platform.recorder, tenant, name)
-    await call.start(body, request.url.query, request.headers.get("content-type", ""))  # refusals: the error handlers
+    call = StreamCall(platform.executor, platform.recorder, tenant, name, version)
+    await call.start(body, request.url.query, request.headers.get("content-type", ""), args)  # refusals: the error handlers
     headers = {"X-Invocation-Id": call.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if kind == "sse":
         return DisconnectAwareStream(sse(call), media_type="text/event-stream", headers=headers)

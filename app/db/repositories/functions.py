@@ -1,11 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
+import builtins
+from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import defer
 
-from app.db.models import Function, FunctionVersion
+from app.db.models import Function, FunctionFiles, FunctionVersion
 
 
 class FunctionRepository:
@@ -61,12 +63,93 @@ class FunctionRepository:
         )
         return [tuple(r) for r in (await self.session.execute(q)).all()]  # type: ignore[misc]
 
+    async def version_settings(self, fn: Function, number: int) -> FunctionVersion | None:
+        """A version with its settings, without loading the module bytes."""
+        q = select(FunctionVersion).options(defer(FunctionVersion.module, raiseload=True)).where(
+            FunctionVersion.function_id == fn.id, FunctionVersion.version == number
+        )
+        return await self.session.scalar(q)
+
+    async def versions_settings(self, fn: Function) -> Sequence[FunctionVersion]:
+        """Every kept version, oldest first, without their module bytes."""
+        q = (
+            select(FunctionVersion).options(defer(FunctionVersion.module, raiseload=True))
+            .where(FunctionVersion.function_id == fn.id).order_by(FunctionVersion.version)
+        )
+        return (await self.session.scalars(q)).all()
+
+    async def newest_version(self, fn: Function) -> int:
+        q = select(func.max(FunctionVersion.version)).where(FunctionVersion.function_id == fn.id)
+        return int(await self.session.scalar(q) or 0)
+
     async def module_bytes(self, fn: Function, number: int) -> bytes | None:
         q = select(FunctionVersion.module).where(
             FunctionVersion.function_id == fn.id, FunctionVersion.version == number
         )
         return await self.session.scalar(q)
 
+    # -- files --------------------------------------------------------------------------------
+    async def files(self, fn: Function) -> FunctionFiles | None:
+        """The function's files row, without loading the archive."""
+        q = select(FunctionFiles).options(defer(FunctionFiles.archive, raiseload=True)).where(FunctionFiles.function_id == fn.id)
+        return await self.session.scalar(q)
+
+    async def files_archive(self, fn: Function) -> bytes | None:
+        return await self.session.scalar(select(FunctionFiles.archive).where(FunctionFiles.function_id == fn.id))
+
+    async def set_files(self, fn: Function, files: FunctionFiles | None) -> None:
+        """Replace the function's files (None: it has none)."""
+        await self.session.execute(delete(FunctionFiles).where(FunctionFiles.function_id == fn.id))
+        if files is not None:
+            files.function_id = fn.id
+            self.session.add(files)
+        fn.files_sha256 = files.sha256 if files is not None else None
+        await self.session.flush()
+
     async def delete(self, fn: Function) -> None:
         await self.session.delete(fn)
         await self.session.flush()
+
+    async def prune_versions(self, fn: Function, keep: int) -> builtins.set[str]:
+        """Delete the versions of `fn` older than its newest `keep`, except the active one (after
+        a rollback, not the newest), which is always kept; returns the sha256 of the modules
+        deleted (that a kept version may still use: see referenced_modules)."""
+        newest = await self.newest_version(fn)
+        old = (
+            FunctionVersion.function_id == fn.id,
+            FunctionVersion.version <= newest - keep,
+            FunctionVersion.version != fn.current_version,
+        )
+        shas = set((await self.session.scalars(select(FunctionVersion.sha256).where(*old))).all())
+        if shas:
+            await self.session.execute(delete(FunctionVersion).where(*old))
+        return shas
+
+    async def module_shas(self, fn: Function | None = None) -> builtins.set[str]:
+        """The modules of every version of `fn`, or of all the tenant's functions (before a delete)."""
+        q = select(FunctionVersion.sha256).join(Function, Function.id == FunctionVersion.function_id).where(
+            Function.tenant_id == self.tenant_id
+        )
+        if fn is not None:
+            q = q.where(Function.id == fn.id)
+        return set((await self.session.scalars(q)).all())
+
+
+async def referenced_bundles(session: AsyncSession, shas: Iterable[str]) -> set[str]:
+    """Which of these file archives a function of any tenant still uses (the unpacked copies on
+    a node are shared by every tenant)."""
+    wanted = [s for s in shas if s]
+    if not wanted:
+        return set()
+    q = select(Function.files_sha256).where(Function.files_sha256.in_(wanted)).distinct()
+    return {s for s in (await session.scalars(q)).all() if s}
+
+
+async def referenced_modules(session: AsyncSession, shas: Iterable[str]) -> set[str]:
+    """Which of these modules a kept version of any function of any tenant still uses: node-wide,
+    for the compiled cache, which is shared by every tenant (no bytes leave it)."""
+    wanted = list(shas)
+    if not wanted:
+        return set()
+    q = select(FunctionVersion.sha256).where(FunctionVersion.sha256.in_(wanted)).distinct()
+    return set((await session.scalars(q)).all())

@@ -1,0 +1,319 @@
+"""The front's HTTP/1.1 connections under limits: uvicorn's httptools protocol with a bound on
+open connections, on the time and size of a request's head, and on how slowly a body may come.
+
+Without these a client needs no credentials to hold a front: connections that never finish
+their head stay open until the front runs out of descriptors, one endless header is buffered
+(and re-joined, quadratically) inside the parser, and a body trickled a byte at a time holds a
+request forever. Each limit here costs a counter or a timer per connection.
+
+- **Connections**: past `max_connections` on this front, the connection that has waited longest
+  for a request head (an idle keep-alive or a slow head) is closed to make room; only when every
+  connection is in a request does the new one get 503 and close.
+- **Head**: a request's head (request line and headers) must arrive in full within
+  `head_timeout_s` of the connection opening or of the previous response (408 and close), and
+  hold at most `max_head_bytes` bytes and `max_headers` fields (431 and close). The byte bound is
+  checked per read, so at most one read (≤ 256 KiB) passes it before the refusal.
+- **Body**: after `body_grace_s`, a body still arriving must have averaged `min_body_rate` bytes a
+  second over the time the front was reading it (time paused by the front's own flow control
+  does not count); else 408 and close.
+- A response sent before its request's body arrived in full closes the connection: the rest of
+  that body is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 1.0  # how often a body's rate is checked
+
+
+class EdgeEvent(StrEnum):
+    """Why the edge refused or closed a connection (the metric's `reason`)."""
+
+    CONNECTIONS_FULL = "connections_full"  # 503: every connection was inside a request
+    MADE_ROOM = "made_room"  # the longest waiting for a head, closed for a new one
+    HEAD_TIMEOUT = "head_timeout"  # 408
+    HEAD_TOO_LARGE = "head_too_large"  # 431
+    BODY_TOO_SLOW = "body_too_slow"  # 408
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    max_connections: int
+    head_timeout_s: float
+    max_head_bytes: int
+    max_headers: int
+    body_grace_s: float
+    min_body_rate: int  # bytes a second; 0: no rate
+
+    @classmethod
+    def of(cls, settings: Settings, max_connections: int | None = None) -> EdgeLimits:
+        return cls(
+            max_connections=max_connections if max_connections is not None else settings.max_connections,
+            head_timeout_s=settings.head_timeout_s,
+            max_head_bytes=settings.max_head_bytes,
+            max_headers=settings.max_headers,
+            body_grace_s=settings.body_grace_s,
+            min_body_rate=settings.min_body_bytes_per_s,
+        )
+
+
+def _response(status: int, reason: str, code: str, message: str, retry_after: int | None = None) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    head = [
+        f"HTTP/1.1 {status} {reason}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+    ]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """One connection. Subclassed per server by `edge_protocol`, which binds the limits and the
+    server's set of connections waiting for a head (oldest first, the ones closed to make room)."""
+
+    limits: ClassVar[EdgeLimits]
+    waiting: ClassVar[OrderedDict[EdgeProtocol, None]]
+    listeners: ClassVar[tuple[Callable[[EdgeEvent], None], ...]] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_fields = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._in_body = False  # between a head and the end of its body
+        self._body_bytes = 0
+        self._body_open_s = 0.0
+
+    def _tell(self, event: EdgeEvent) -> None:
+        for listener in self.listeners:
+            listener(event)
+
+    # -- connections --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections and not self._make_room():
+            self._tell(EdgeEvent.CONNECTIONS_FULL)
+            self._refuse(
+                _response(503, "Service Unavailable", "too_many_connections", "this front serves as many connections as it may; try again shortly", 1)
+            )
+            return
+        self._await_head()
+
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest for a head; False when none waits."""
+        for other in self.waiting:
+            if other is not self:
+                other._stop_waiting()
+                other.transport.close()
+                self._tell(EdgeEvent.MADE_ROOM)
+                return True
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        self._stop_body()
+        super().connection_lost(exc)
+
+    def _refuse(self, response: bytes) -> None:
+        self._stop_waiting()
+        self._stop_body()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app's request sees the client gone, and writes nothing
+            cycle.message_event.set()
+            if cycle.response_started:
+                response = b""
+        if not self.transport.is_closing():
+            if response:
+                self.transport.write(response)
+            self.transport.close()
+
+    # -- the head -----------------------------------------------------------------------------
+    def _await_head(self) -> None:
+        self._in_head = True
+        self._head_bytes = self._head_fields = 0
+        self.waiting[self] = None
+        self.waiting.move_to_end(self)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_expired)
+
+    def _stop_waiting(self) -> None:
+        self.waiting.pop(self, None)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        self._tell(EdgeEvent.HEAD_TIMEOUT)
+        limit = self.limits.head_timeout_s
+        self._refuse(_response(408, "Request Timeout", "request_timeout", f"the request's head did not arrive within {limit:g} s"))
+
+    def _head_too_large(self, what: str) -> None:
+        self._tell(EdgeEvent.HEAD_TOO_LARGE)
+        self._refuse(_response(431, "Request Header Fields Too Large", "headers_too_large", what))
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if self._in_head and self._head_bytes > self.limits.max_head_bytes:
+            self._head_too_large(f"the request's head is larger than {self.limits.max_head_bytes} bytes")
+        elif self._in_body and self._body_timer is None:  # a body still to come: time its rate
+            self._body_timer = self.loop.call_later(_TICK_S, self._body_tick)
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0  # the read that held this head's start also held the last body's end
+        super().on_message_begin()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_fields += 1
+        if self._head_fields > self.limits.max_headers:
+            if not self.transport.is_closing():
+                self._head_too_large(f"the request has more than {self.limits.max_headers} header fields")
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self.transport.is_closing():
+            return  # refused while parsing this head
+        self._in_head = False
+        self._stop_waiting()
+        super().on_headers_complete()
+        if self.cycle is not None and self.cycle.scope["method"] != "HEAD":  # a HEAD answer has no body write to join
+            self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]
+        if self.limits.min_body_rate and not self.parser.should_upgrade():
+            # timed from the end of this read, and only if the body has not all come with it
+            self._in_body, self._body_bytes, self._body_open_s = True, 0, 0.0
+
+    # -- the body -----------------------------------------------------------------------------
+    def on_body(self, body: bytes) -> None:
+        if self.transport.is_closing():
+            return  # refused while parsing: the rest of this read is dropped
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._stop_body()
+        if not self.transport.is_closing():
+            super().on_message_complete()
+
+    def _stop_body(self) -> None:
+        self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_tick(self) -> None:
+        self._body_timer = None
+        if not self.flow.read_paused:  # paused by us (the app is not reading): not the client's time
+            self._body_open_s += _TICK_S
+        late = self._body_open_s - self.limits.body_grace_s
+        if late > 0 and self._body_bytes < self.limits.min_body_rate * late:
+            rate = self.limits.min_body_rate
+            self._tell(EdgeEvent.BODY_TOO_SLOW)
+            self._refuse(_response(408, "Request Timeout", "request_timeout", f"the request's body arrived slower than {rate} bytes a second"))
+            return
+        self._body_timer = self.loop.call_later(_TICK_S, self._body_tick)
+
+    # -- between requests ---------------------------------------------------------------------
+    def on_response_complete(self) -> None:
+        # the cycle that ended is `self.cycle` unless a pipelined request was parsed after it
+        # (then its own body had ended, and `self.cycle` is the waiting one's)
+        cycle = self.cycle if not self.pipeline else None
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            self._stop_body()
+            self.transport.close()  # answered before its body arrived: the rest is never read
+            return
+        pipelined = bool(self.pipeline)  # the next request's head is already in
+        super().on_response_complete()
+        if not pipelined and not self.transport.is_closing():
+            self._await_head()
+
+
+class _HeadWithBody:
+    """The transport as one request's cycle sees it: a response's head that declares its length
+    is held until the body's first write, and both leave in one send. uvicorn writes them apart:
+    two syscalls and two segments per answer, a tenth of a front's CPU per call on the dev VM.
+    A streamed answer (no length) and 1xx heads go at once; closing flushes what is held."""
+
+    __slots__ = ("_transport", "_head")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head = b""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._head:
+            head, self._head = self._head, b""
+            self._transport.writelines((head, data))
+        elif bytes(data[:9]) == b"HTTP/1.1 " and bytes(data[9:10]) != b"1" and b"\r\ncontent-length:" in data:
+            self._head = bytes(data)
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head:
+            head, self._head = self._head, b""
+            self._transport.write(head)
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def edge_protocol(limits: EdgeLimits, on_event: Callable[[EdgeEvent], None] | None = None) -> type[EdgeProtocol]:
+    """A protocol class for one server: its limits, its own set of waiting connections, and
+    what to tell of each refusal (a metric)."""
+    listeners = (on_event,) if on_event is not None else ()
+    return type("BoundEdgeProtocol", (EdgeProtocol,), {"limits": limits, "waiting": OrderedDict(), "listeners": listeners})
+
+
+_RESERVED_FDS = 512  # the front's own: database, workers, supervisor, compile sandboxes, logs
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's descriptor limit to its hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def server_options(settings: Settings, on_event: Callable[[EdgeEvent], None] | None = None) -> dict[str, Any]:
+    """uvicorn.Config's arguments for a serving process: the edge protocol and its keep-alive,
+    with `max_connections` cut to what the descriptor limit allows."""
+    fds = raise_fd_limit()
+    connections = min(settings.max_connections, max(16, fds - _RESERVED_FDS))
+    if connections < settings.max_connections:
+        log.warning("TENSORWASM_MAX_CONNECTIONS is %d but the descriptor limit (%d) allows %d", settings.max_connections, fds, connections)
+    return {"http": edge_protocol(EdgeLimits.of(settings, connections), on_event), "timeout_keep_alive": settings.keepalive_timeout_s}

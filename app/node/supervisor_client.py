@@ -1,0 +1,495 @@
+"""A front's side of the node: the scheduler's interface over the supervisor's socket, the
+node's shared admission table, and the front's own connections to workers (a call's bytes never
+pass through the supervisor).
+
+A call of a tenant with bound workers (routes, pushed by the supervisor) is admitted in the table
+and sent straight to one of them (app/node/routes.py): the supervisor is not asked. A call of a
+tenant with none asks for a lease, and the supervisor binds a worker for it: one lease per call,
+released with its outcome as it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.contract.errors import NoCapacity, Rejected, RejectReason, SupervisorGone
+from app.contract.frames import Payload, ProtocolError, encode, read_frame_async
+from app.contract.messages import (
+    Changed,
+    ChangeKind,
+    Chunk,
+    CompileDone,
+    CompileSlot,
+    Granted,
+    Grow,
+    Hello,
+    LeaseRequest,
+    NodeMessage,
+    Outcome,
+    Principal,
+    RateCheck,
+    RateOk,
+    Readiness,
+    Refusal,
+    RefusalKind,
+    ReleaseLease,
+    Route,
+    Routes,
+    Run,
+    SlotGranted,
+    Usage,
+    View,
+    ViewKind,
+    ViewReply,
+    WorkerFailed,
+    WorkerInfo,
+    WorkerMessage,
+)
+from app.node.admission import ADMISSION_FILE, AdmissionTable, Verdict
+from app.node.ipc import pack, read_message
+from app.node.routes import DirectLease, RoutedWorker
+from app.scheduler.leases import outcome_of
+from app.worker.handle import WorkerLost
+
+log = logging.getLogger(__name__)
+
+# applies a change from another front; what it returns (a flush) is awaited before answering
+ChangeHandler = Callable[[ChangeKind, str, str], Awaitable[None] | None]
+
+_POOL_LIMIT = 256  # idle worker connections kept; those of retired workers age out
+_GROW_EVERY_S = 0.05  # at most one "grow" hint per tenant this often from one front
+
+
+@dataclass
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
+        """Send the run; the worker's last frame and its body (Chunk frames go to `on_chunk`).
+        Raises what the connection raises (OSError, EOFError, ProtocolError)."""
+        self.writer.writelines(encode(run, body))
+        await self.writer.drain()
+        while True:
+            msg, out = await read_frame_async(self.reader)
+            if not isinstance(msg, Chunk):
+                return msg, out
+            if on_chunk is not None:
+                on_chunk(out)
+
+
+@dataclass(eq=False)
+class RemoteLease:
+    """A worker leased by the supervisor; this front talks to it over its unix socket."""
+
+    client: SupervisorClient
+    grant: Granted
+    conn: _Conn | None = field(default=None)
+    wait_s: float = 0.0  # the leased worker is the call's alone
+
+    @property
+    def kernels_version(self) -> str:
+        return self.grant.kernels_version
+
+    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None = None) -> tuple[WorkerMessage, Payload]:
+        run.lease = self.grant.token
+        try:
+            self.conn = conn = self.conn or await self.client.worker_conn(self.grant)  # sent again: the same connection
+            return await conn.exchange(run, body, on_chunk)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError) as exc:
+            raise WorkerLost(f"worker {self.grant.worker_id}: {exc}") from exc
+
+
+class SupervisorClient:
+    def __init__(self, path: str, queue_limit: int = 256, queue_wait_s: float = 1.0) -> None:
+        self.path = path
+        self.queue_limit = queue_limit
+        self.queue_wait_s = queue_wait_s
+        self.front = 0
+        self.table: AdmissionTable | None = None
+        self._routes: dict[str, list[RoutedWorker]] = {}
+        self._grown: dict[str, float] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[NodeMessage]] = {}
+        self._ids = itertools.count(1)
+        self._pool: dict[str, list[_Conn]] = {}
+        self._pooled = 0  # connections in the pool
+        self._on_change: ChangeHandler | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # -- connection -----------------------------------------------------------------------------
+    async def connect(self, on_change: ChangeHandler | None = None, front: int = 0) -> None:
+        self._on_change = on_change
+        self.front = front
+        table = Path(self.path).parent / ADMISSION_FILE
+        if table.exists():
+            self.table = AdmissionTable.attach(table)
+            self.table.reclaim(front)  # what a front of this index that died still counted
+        reader, self._writer = await asyncio.open_unix_connection(self.path, limit=1 << 20)
+        self._writer.write(pack(Hello(front=front, pid=os.getpid())))
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
+        if self._writer is not None:
+            self._writer.close()
+        for conns in self._pool.values():
+            for c in conns:
+                c.close()
+        self._pool.clear()
+        self._pooled = 0
+        self._routes.clear()
+        if self.table is not None:
+            self.table.close()
+            self.table = None
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                msg = await read_message(reader)
+                if isinstance(msg, Routes):
+                    self._set_routes(msg)
+                    continue
+                if isinstance(msg, Changed):
+                    self._apply(msg)
+                    continue
+                req = getattr(msg, "req", None)
+                fut = self._pending.pop(req, None) if req is not None else None
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                else:
+                    self._hand_back(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+            log.error("lost the supervisor's connection: %s", exc)
+        finally:
+            self._writer = None
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(SupervisorGone("this node's supervisor is gone"))
+            self._pending.clear()
+
+    def _apply(self, msg: Changed) -> None:
+        """Apply a change from another front; answer its token once done (a flush: once written)."""
+        pending = self._on_change(msg.kind, msg.tenant_id, msg.name) if self._on_change is not None else None
+        if not msg.token:
+            return
+        if pending is None:
+            self._applied(msg.token)
+            return
+        task = asyncio.ensure_future(pending)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Future[None]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("applying %s failed: %s", msg.kind.value, t.exception())
+            self._applied(msg.token)  # answered anyway: the origin must not wait on a failure
+
+        task.add_done_callback(done)
+
+    def _applied(self, token: str) -> None:
+        with contextlib.suppress(SupervisorGone):
+            self._send(Changed(ChangeKind.APPLIED, token=token))
+
+    def _send(self, msg: NodeMessage) -> None:
+        if self._writer is None:
+            raise SupervisorGone("this node's supervisor is gone")
+        self._writer.write(pack(msg))  # small messages: the socket buffer takes them at once
+
+    async def _ask(self, build: Callable[[int], NodeMessage]) -> NodeMessage:
+        req = next(self._ids)
+        fut: asyncio.Future[NodeMessage] = asyncio.get_running_loop().create_future()
+        self._pending[req] = fut
+        try:
+            self._send(build(req))
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._hand_back(fut.result())  # granted as its caller went away
+            raise
+        finally:
+            self._pending.pop(req, None)
+
+    def _hand_back(self, msg: NodeMessage) -> None:
+        """A lease or compile slot granted to a caller that went away while it waited: back
+        unused, so the supervisor does not hold it to a deadline."""
+        if isinstance(msg, Granted):
+            self._send(ReleaseLease(msg.lease_id, Outcome.UNUSED, msg.kernels_version))
+        elif isinstance(msg, SlotGranted):
+            self._send(CompileDone(msg.tenant_id))
+
+    @staticmethod
+    def _refused(msg: NodeMessage) -> Exception:
+        if isinstance(msg, Refusal):
+            if msg.kind == RefusalKind.REJECTED:
+                return Rejected(msg.reason, msg.message, msg.retry_after)
+            return NoCapacity(msg.message)
+        return SupervisorGone(f"the supervisor answered {type(msg).__name__}")
+
+    # -- routes ---------------------------------------------------------------------------------
+    def _set_routes(self, msg: Routes) -> None:
+        old = {w.route.worker_id: w for w in self._routes.pop(msg.tenant_id, [])}
+        kept = [old.pop(r.worker_id) if r.worker_id in old else RoutedWorker.of(r) for r in msg.workers]
+        for w in old.values():  # retired: calls on their way to it are sent again if not started
+            w.gone = True  # its page stays open while a call holds it (it says whether the call started)
+        if kept:
+            self._routes[msg.tenant_id] = kept
+
+    def forget_worker(self, tenant_id: str, worker: RoutedWorker) -> None:
+        workers = self._routes.get(tenant_id)
+        if workers is not None and worker in workers:
+            workers.remove(worker)
+            if not workers:
+                del self._routes[tenant_id]
+        worker.gone = True
+
+    def worker_failed(self, worker: RoutedWorker, outcome: Outcome) -> None:
+        """The supervisor replaces it; this front stops sending to it now."""
+        for tenant_id, workers in list(self._routes.items()):
+            if worker in workers:
+                self.forget_worker(tenant_id, worker)
+        with contextlib.suppress(SupervisorGone):
+            self._send(WorkerFailed(worker.route.worker_id, outcome))
+
+    def reroute(self, lease: DirectLease, tried: set[str]) -> RoutedWorker | None:
+        """Move a call not yet started to another routed worker of its tenant (None: none left)."""
+        assert self.table is not None
+        workers = [w for w in self._routes.get(lease.principal.id, []) if w.route.worker_id not in tried and not w.gone]
+        nxt = min(workers, key=lambda w: self.table.queued(w.route.slot)) if workers else None  # type: ignore[union-attr]
+        self.table.move(self.front, lease.queue_slot, nxt.route.slot if nxt is not None else -1)
+        if nxt is not None:
+            lease.worker, lease.queue_slot = nxt, nxt.route.slot
+        return nxt
+
+    async def remote_lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None) -> RemoteLease:
+        msg = await self._ask(lambda req: LeaseRequest(req, principal, hard_timeout_s, False, traceparent))
+        if not isinstance(msg, Granted):
+            raise self._refused(msg)
+        return RemoteLease(self, msg)
+
+    def _admit(self, principal: Principal, workers: list[RoutedWorker] | None) -> tuple[int, int, int]:
+        """One step in the table: (tenant entry, worker slot or -1, its queue before this call)."""
+        assert self.table is not None
+        q = principal.quota
+        a = self.table.admit(
+            self.front, principal.id, q.requests_per_second, q.max_concurrency + self.queue_limit,
+            [w.route.slot for w in workers] if workers else None,
+        )
+        if a.verdict == Verdict.RATE:
+            raise Rejected(
+                RejectReason.RATE, f"tenant exceeded its rate of {q.requests_per_second:g} invocations per second",
+                max(1, int(a.retry_after + 0.999)),
+            )
+        if a.verdict == Verdict.FULL:
+            raise Rejected(
+                RejectReason.QUEUE_FULL, f"tenant is at its concurrency limit ({q.max_concurrency}) and its queue is full", 1
+            )
+        if a.verdict == Verdict.TABLE_FULL:
+            raise NoCapacity("this node's admission table is full (too many tenants with calls in flight)")
+        return a.slot, a.worker, a.depth
+
+    def _grow(self, principal: Principal) -> None:
+        now = time.monotonic()
+        if now - self._grown.get(principal.id, 0.0) < _GROW_EVERY_S:
+            return
+        if len(self._grown) > 10_000:
+            self._grown.clear()
+        self._grown[principal.id] = now
+        with contextlib.suppress(SupervisorGone):
+            self._send(Grow(principal))
+
+    # -- NodePort -------------------------------------------------------------------------------
+    async def lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> RemoteLease | DirectLease:
+        if self.table is None:  # no shared table (a supervisor of an older layout): every call asks
+            msg = await self._ask(lambda req: LeaseRequest(req, principal, hard_timeout_s, check_rate, traceparent))
+            if not isinstance(msg, Granted):
+                raise self._refused(msg)
+            return RemoteLease(self, msg)
+        workers = self._routes.get(principal.id)
+        slot, queue_slot, depth = self._admit(principal, workers)
+        if workers:
+            picked = next(w for w in workers if w.route.slot == queue_slot)
+            if depth > 0 and len(workers) < principal.quota.max_concurrency:
+                self._grow(principal)  # its calls queue at every worker: one more, if its share allows
+            return DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
+        lease = DirectLease(self, principal, slot, None, -1, hard_timeout_s, traceparent, 0.0)
+        try:
+            lease.remote = await self.remote_lease(principal, hard_timeout_s, traceparent)
+        except BaseException:
+            self.table.leave(self.front, slot)
+            raise
+        return lease
+
+    def release(self, lease: object, outcome: Outcome, kernels_version: str) -> None:
+        if isinstance(lease, DirectLease):
+            self._release_direct(lease, outcome, kernels_version)
+            return
+        assert isinstance(lease, RemoteLease)
+        conn, lease.conn = lease.conn, None
+        if conn is not None:
+            if outcome == Outcome.OK:
+                self._park(lease.grant.worker_id, conn)
+            else:  # the worker is being replaced, or its reply is still on the way
+                conn.close()
+        with contextlib.suppress(SupervisorGone):
+            self._send(ReleaseLease(lease.grant.lease_id, outcome, kernels_version))
+
+    def _release_direct(self, lease: DirectLease, outcome: Outcome, kernels_version: str) -> None:
+        if lease.remote is not None:
+            self.release(lease.remote, outcome, kernels_version)
+        elif lease.worker is not None:
+            worker, conn = lease.worker, lease.conn
+            lease.conn = None
+            if outcome == Outcome.HARD_TIMEOUT and lease.invocation_id and not worker.started(lease.invocation_id):
+                outcome = Outcome.UNUSED  # still queued behind another call: that call's deadline kills it
+                if conn is not None:
+                    conn.close()  # the worker reads the run at EOF and stops it at once
+                    conn = None
+            if conn is not None:
+                if outcome == Outcome.OK:
+                    self._park(worker.route.worker_id, conn)
+                else:
+                    conn.close()
+            if outcome in (Outcome.OK, Outcome.UNUSED):
+                worker.kernels_version = kernels_version or worker.kernels_version
+            else:
+                self.worker_failed(worker, outcome)
+        if self.table is not None:
+            self.table.leave(self.front, lease.slot, lease.queue_slot)
+            lease.queue_slot = -1
+
+    def stop(self, lease: object, within_s: float, kernels_version: str) -> None:
+        assert isinstance(lease, (RemoteLease, DirectLease))
+        holder = lease.remote if isinstance(lease, DirectLease) and lease.remote is not None else lease
+        conn, holder.conn = holder.conn, None
+        if conn is None:  # the run never left: nothing to stop
+            self.release(lease, Outcome.UNUSED, kernels_version)
+            return
+        task = asyncio.get_running_loop().create_task(self._stop(lease, conn, within_s, kernels_version))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _stop(self, lease: object, conn: _Conn, within_s: float, kernels_version: str) -> None:
+        """Half-close the run's connection (the worker stops the guest when it turns readable)
+        and read to the worker's answer; the lease, and so the tenant's slot, is held till then."""
+        outcome = Outcome.HARD_TIMEOUT
+        try:
+            async with asyncio.timeout(within_s):
+                conn.writer.write_eof()
+                while True:
+                    msg, _ = await read_frame_async(conn.reader)
+                    if not isinstance(msg, Chunk):  # a streamed run's output is nobody's now
+                        break
+            outcome = outcome_of(msg)
+        except TimeoutError:
+            pass  # stuck outside the guest's code (a host call): replaced, as at its deadline
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError):
+            outcome = Outcome.LOST
+        finally:
+            conn.close()  # half-closed: never pooled
+            self.release(lease, outcome, kernels_version)
+
+    async def check_rate(self, principal: Principal) -> None:
+        if self.table is not None:
+            wait = self.table.take_rate(principal.id, principal.quota.requests_per_second)
+            if wait > 0:
+                q = principal.quota
+                raise Rejected(
+                    RejectReason.RATE, f"tenant exceeded its rate of {q.requests_per_second:g} invocations per second", max(1, int(wait + 0.999))
+                )
+            return
+        msg = await self._ask(lambda req: RateCheck(req, principal))
+        if not isinstance(msg, RateOk):
+            raise self._refused(msg)
+
+    async def _view(self, kind: ViewKind, tenant_id: str = "") -> ViewReply:
+        msg = await self._ask(lambda req: View(req, kind, tenant_id))
+        if not isinstance(msg, ViewReply):
+            raise self._refused(msg)
+        return msg
+
+    async def usage(self, tenant_id: str) -> Usage:
+        reply = await self._view(ViewKind.USAGE, tenant_id)
+        assert reply.usage is not None
+        return reply.usage
+
+    async def workers(self) -> list[WorkerInfo]:
+        return (await self._view(ViewKind.WORKERS)).workers or []
+
+    async def readiness(self) -> Readiness:
+        try:
+            reply = (await self._view(ViewKind.READY)).readiness
+        except SupervisorGone:
+            reply = None
+        return reply or Readiness(workers=False, devices_usable=False, devices=[])
+
+    async def flush_records(self) -> None:
+        await self.publish(ChangeKind.FLUSH, "")
+
+    async def metrics_text(self) -> bytes:
+        return (await self._view(ViewKind.METRICS)).metrics
+
+    def announce(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        with contextlib.suppress(SupervisorGone):
+            self._send(Changed(kind, tenant_id, name))
+
+    async def publish(self, kind: ChangeKind, tenant_id: str, name: str = "") -> None:
+        with contextlib.suppress(SupervisorGone):
+            await self._ask(lambda req: Changed(kind, tenant_id, name, req=req))
+
+    # -- the node's compile limiter ---------------------------------------------------------------
+    @asynccontextmanager
+    async def slot(self, tenant_id: str) -> AsyncIterator[None]:
+        """A compile slot from the supervisor's fair limiter, held while the compile runs."""
+        msg = await self._ask(lambda req: CompileSlot(req, tenant_id))
+        if not isinstance(msg, SlotGranted):
+            raise self._refused(msg)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(SupervisorGone):
+                self._send(CompileDone(tenant_id))
+
+    # -- worker connections ---------------------------------------------------------------------
+    async def worker_conn(self, grant: Granted) -> _Conn:
+        return await self._conn(grant.worker_id, grant.socket)
+
+    async def route_conn(self, route: Route) -> _Conn:
+        return await self._conn(route.worker_id, route.socket)
+
+    async def _conn(self, worker_id: str, socket: str) -> _Conn:
+        conns = self._pool.get(worker_id)
+        while conns:
+            conn = conns.pop()
+            self._pooled -= 1
+            if not conn.reader.at_eof():
+                return conn
+            conn.close()
+        reader, writer = await asyncio.open_unix_connection(socket, limit=1 << 20)
+        return _Conn(reader, writer)
+
+    def _park(self, worker_id: str, conn: _Conn) -> None:
+        while self._pooled >= _POOL_LIMIT and self._pool:  # oldest worker first: retired ones age out
+            oldest = self._pool.pop(next(iter(self._pool)))
+            self._pooled -= len(oldest)
+            for c in oldest:
+                c.close()
+        self._pool.setdefault(worker_id, []).append(conn)
+        self._pooled += 1

@@ -1,0 +1,66 @@
+"""How many spares a node keeps, from what it measures (docs/architecture.md, "Spares and churn").
+Pure bookkeeping with an injectable clock: the scheduler tells it of starts and of new tenants'
+binds, and asks how long a start takes and how many spares to keep.
+
+- A start takes the median of the recent starts (one slow start, the first after the fork
+  server came up, does not move it).
+- New tenants arrive at a rate that decays with time constant `ARRIVAL_TAU_S`: each bind of a
+  tenant that held no worker adds 1/tau, so k tenants within a short burst read as about k per
+  second at once, and a node whose binds stop reads ~0 a few seconds later.
+- Spares kept per device: (rate x start time + 1) over the node, spread over its devices, at
+  least `warm_spares` and at most `max_warm_spares` each (`warm_spares` 0 keeps none at all).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+ARRIVAL_TAU_S = 1.0  # short: a burst is seen within a few binds, an idle node forgets it in seconds
+START_SAMPLES = 16
+NOISE = 0.25  # of a spare: less expected arrivals within a start than this keep no extra spare
+
+
+class StartTimes:
+    """Recent durations of successful worker starts (fork to ready)."""
+
+    def __init__(self, keep: int = START_SAMPLES) -> None:
+        self._recent: deque[float] = deque(maxlen=keep)
+
+    def add(self, seconds: float) -> None:
+        self._recent.append(seconds)
+
+    def typical(self) -> float | None:
+        """The median of the recent starts; None before the first."""
+        return statistics.median(self._recent) if self._recent else None
+
+
+class ArrivalRate:
+    """New tenants per second, an exponentially decaying count of their binds."""
+
+    def __init__(self, tau_s: float = ARRIVAL_TAU_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tau_s = tau_s
+        self.clock = clock
+        self._value = 0.0  # the rate at `_at`
+        self._at = clock()
+
+    def rate(self) -> float:
+        return self._value * math.exp(-(self.clock() - self._at) / self.tau_s)
+
+    def note(self) -> None:
+        """A tenant that held no worker was bound one."""
+        now = self.clock()
+        self._value = self._value * math.exp(-(now - self._at) / self.tau_s) + 1 / self.tau_s
+        self._at = now
+
+
+def spare_target(rate: float, start_s: float | None, devices: int, warm_spares: int, max_warm_spares: int) -> int:
+    """Spares to keep per device: enough to bind the tenants that arrive while one start runs,
+    plus one, between `warm_spares` and `max_warm_spares` (the higher of the two bounds wins)."""
+    if warm_spares <= 0 or start_s is None:
+        return max(0, warm_spares)
+    node = 1 + math.ceil(max(0.0, rate * start_s - NOISE))  # a decaying rate never quite reaches 0
+    return max(warm_spares, min(max_warm_spares, math.ceil(node / max(1, devices))))

@@ -1,0 +1,242 @@
+"""The warm call path on a real node of three fronts (docs/architecture.md, "The call path"): a
+tenant's calls go from any front straight to its workers, and every limit still holds node-wide,
+counted where it can be by the guests themselves; the supervisor is asked nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import ADMIN, ADMIN_TOKEN, deploy, new_tenant, process_alive, server_process, wat
+from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until
+
+FRONTS = 3
+
+
+@pytest.fixture(scope="module")
+def node(server_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+    env = {"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_PROCESSES": str(FRONTS), "TENSORWASM_MAX_WORKERS": "6",
+           "TENSORWASM_QUEUE_WAIT_MS": "2000", "TENSORWASM_CACHE_TTL_S": "600"}
+    with server_process(tmp_path_factory.mktemp("callpath"), server_database_url, env=env) as server:
+        yield server.proc, server.url
+
+
+def _supervisor_calls(text: str) -> float:
+    """Messages the supervisor handled that a call could have sent (not views, not admin changes)."""
+    kinds = ("LeaseRequest", "ReleaseLease", "RateCheck", "Grow", "WorkerFailed")
+    return sum(samples(text, "tensorwasm_supervisor_messages_total", kind=k) for k in kinds)
+
+
+async def test_warm_calls_never_reach_the_supervisor(node: tuple[Any, str]) -> None:
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    async with http(base) as admin:
+        _, key = await new_tenant(admin, max_concurrency=2)
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        # the first call binds a worker through a lease; every front then knows the tenant's routes
+        assert (await admin.post("/v1/functions/echo/invoke", headers=key, content=b"cold")).status_code == 200
+        before = _supervisor_calls((await admin.get("/metrics")).text)
+        assert before > 0
+        for front in fronts:
+            async with only(front, fronts), http(base) as client:
+                for i in range(10):
+                    r = await client.post("/v1/functions/echo/invoke", headers=key, content=f"{front}-{i}".encode())
+                    assert r.status_code == 200 and r.text == f"{front}-{i}", r.text
+        assert _supervisor_calls((await admin.get("/metrics")).text) == before
+
+
+async def test_a_tenant_never_runs_more_than_its_concurrency_as_its_guests_count_it(
+    node: tuple[Any, str], c_guest: Callable[[str], bytes]
+) -> None:
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    async with http(base) as admin:
+        _, key = await new_tenant(admin, max_concurrency=2)
+        assert (await deploy(admin, key, "span", c_guest("span.c"))).status_code == 201
+        assert (await admin.post("/v1/functions/span/invoke", headers=key, content=b"1")).status_code == 200
+        spans: list[tuple[int, int]] = []
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(pinned(base, fronts[i % FRONTS], fronts)) for i in range(12)]
+
+            async def call(client: Any) -> None:
+                r = await client.post("/v1/functions/span/invoke", headers=key, content=b"40")
+                assert r.status_code == 200, r.text
+                start, end = map(int, r.text.split())
+                spans.append((start, end))
+
+            await asyncio.gather(*(call(c) for c in clients))
+        # the most guests running at one instant, by their own clocks
+        events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+        running = peak = 0
+        for _, step in events:
+            running += step
+            peak = max(peak, running)
+        assert peak == 2, spans  # never more than its limit, and it grew to it
+
+
+async def test_the_rate_holds_over_every_front(node: tuple[Any, str]) -> None:
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    async with http(base) as admin:
+        _, key = await new_tenant(admin, requests_per_second=4, max_concurrency=8)
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(pinned(base, f, fronts)) for f in fronts]
+            t0 = time.monotonic()
+
+            async def calls(client: Any) -> list[int]:
+                return [(await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code for _ in range(15)]
+
+            codes = [c for batch in await asyncio.gather(*(calls(c) for c in clients)) for c in batch]
+            elapsed = time.monotonic() - t0
+    assert set(codes) <= {200, 429}, codes
+    # the bucket holds 2 s of the rate (8 calls), and refills at 4 a second
+    assert codes.count(200) <= 8 + 4 * elapsed + 1, (codes.count(200), elapsed)
+    assert codes.count(429) > 0
+
+
+async def test_a_tenants_calls_run_in_the_order_they_came_from_every_front(node: tuple[Any, str], c_guest: Callable[[str], bytes]) -> None:
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    async with http(base) as admin:
+        _, key = await new_tenant(admin, max_concurrency=1)
+        assert (await deploy(admin, key, "stamp", c_guest("stamp.c"))).status_code == 201
+        assert (await admin.post("/v1/functions/stamp/invoke", headers=key, content=b"1")).status_code == 200  # bound
+        started: dict[int, int] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            # one client per call, each pinned to a front beforehand, the fronts in turn
+            clients = [await stack.enter_async_context(pinned(base, fronts[i % FRONTS], fronts)) for i in range(9)]
+            for client in clients[:FRONTS]:  # each front knows the key and the function: no lookup delays a call
+                assert (await client.post("/v1/functions/stamp/invoke", headers=key, content=b"1")).status_code == 200
+
+            async def call(i: int) -> None:
+                r = await clients[i].post("/v1/functions/stamp/invoke", headers=key, content=b"120")
+                assert r.status_code == 200, r.text
+                started[i] = int(r.text)  # when its guest started, by the guest's own clock
+
+            calls = []
+            # one worker, each call 120 ms, one sent every 60 ms: they queue at it (the gap is wider
+            # than a busy host's skew between two fronts' work before a call is admitted)
+            for i in range(9):
+                calls.append(asyncio.create_task(call(i)))
+                await asyncio.sleep(0.06)
+            await asyncio.gather(*calls)
+        assert sorted(started, key=started.__getitem__) == list(range(9)), started
+
+
+async def test_a_worker_killed_with_calls_queued_fails_only_the_one_running(node: tuple[Any, str]) -> None:
+    _, base = node
+    async with http(base) as client:
+        tid, key = await new_tenant(client, max_concurrency=1, timeout_ms=60_000)
+        assert (await deploy(client, key, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
+        assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
+        running = asyncio.create_task(client.post("/v1/functions/loop/invoke", headers=key))
+        busy = await until(lambda: tenant_busy(client, tid), "the call to run")
+        queued = [asyncio.create_task(client.post("/v1/functions/echo/invoke", headers=key, content=f"q{i}".encode())) for i in range(3)]
+        await asyncio.sleep(0.2)  # sent to the busy worker, queued behind the endless call
+        os.kill(busy["pid"], signal.SIGKILL)
+        r = await running
+        assert r.status_code == 500 and r.json()["error"]["code"] == "worker_crashed", r.text
+        # the queued calls had not started: each is sent again, to the worker that replaces it
+        answers = [await task for task in queued]
+        assert [(q.status_code, q.text) for q in answers] == [(200, f"q{i}") for i in range(3)]
+
+
+async def test_a_killed_front_gives_its_calls_slots_back(node: tuple[Any, str]) -> None:
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    doomed = fronts[0]
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, max_concurrency=1, timeout_ms=60_000)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        assert (await admin.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
+        async with only(doomed, fronts), http(base) as via:
+            lost = asyncio.create_task(via.post("/v1/functions/loop/invoke", headers=key))
+            victim = await until(lambda: tenant_busy(admin, tid), "the call to run")
+        os.kill(doomed, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await lost
+
+        async def back() -> bool:  # the guest stopped with its caller, the front's counts given back
+            usage = (await admin.get("/v1/usage", headers=key)).json()
+            return usage["running"] == 0 and usage["queued"] == 0
+
+        await until(back, "the dead front's call to be given back", limit_s=20)
+        await both_fronts(proc, FRONTS)  # started again
+        r = await admin.post("/v1/functions/echo/invoke", headers=key, content=b"after")
+        assert r.status_code == 200 and r.text == "after"
+        workers = [w for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json() if w["tenant_id"] == tid]
+        assert [w["id"] for w in workers] == [victim["id"]]  # its guest was stopped, the worker kept
+
+
+async def test_a_stuck_worker_of_a_silent_front_is_killed_at_the_hard_deadline(node: tuple[Any, str]) -> None:
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    a = fronts[0]
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, timeout_ms=500)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        assert (await admin.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
+        before = samples((await admin.get("/metrics")).text, "tensorwasm_worker_restarts_total", reason="hard_timeout")
+        async with http(base) as via_a:
+            async with only(a, fronts):
+                call = asyncio.create_task(via_a.post("/v1/functions/loop/invoke", headers=key))
+                victim = await until(lambda: tenant_busy(admin, tid), "the call to run")
+            # the worker stuck in its call (as in a host call that never returns) and front a
+            # silent: neither the guest's own limit nor the front's deadline can end it
+            os.kill(victim["pid"], signal.SIGSTOP)
+            os.kill(a, signal.SIGSTOP)
+            try:
+                async with only(fronts[1], fronts):
+
+                    async def killed() -> bool:
+                        text = (await admin.get("/metrics")).text
+                        return samples(text, "tensorwasm_worker_restarts_total", reason="hard_timeout") > before
+
+                    await until(killed, "the supervisor to kill the overdue worker")
+                    assert not process_alive(victim["pid"])
+            finally:
+                os.kill(a, signal.SIGCONT)
+            r = await call
+            assert (r.status_code, r.json()["error"]["code"]) in ((504, "timeout"), (500, "worker_crashed")), r.text
+
+
+async def test_a_tenant_holding_every_worker_gives_one_up_to_a_new_tenant(server_database_url: str, tmp_path: Path) -> None:
+    env = {"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2", "TENSORWASM_WARM_SPARES": "1",
+           "TENSORWASM_RESERVED_WORKERS": "0", "TENSORWASM_QUEUE_WAIT_MS": "3000"}
+    with server_process(tmp_path, server_database_url, env=env) as server:
+        async with http(server.url) as client:
+            hog_tid, hog = await new_tenant(client, max_concurrency=2, timeout_ms=30_000)
+            assert (await deploy(client, hog, "echo", wat("echo"))).status_code == 201
+            _, new = await new_tenant(client)
+            assert (await deploy(client, new, "echo", wat("echo"))).status_code == 201
+
+            async def hog_workers() -> bool:
+                workers = (await client.get("/v1/admin/workers", headers=ADMIN)).json()
+                return len([w for w in workers if w["tenant_id"] == hog_tid]) == 2
+
+            stop = asyncio.Event()
+
+            async def keep_busy() -> None:  # short calls, one after another: both its workers busy
+                while not stop.is_set():
+                    await client.post("/v1/functions/echo/invoke", headers=hog, content=b"x")
+
+            busy = [asyncio.create_task(keep_busy()) for _ in range(4)]
+            try:
+                await until(hog_workers, "the hog to grow to both workers", limit_s=20)
+                r = await client.post("/v1/functions/echo/invoke", headers=new, content=b"mine")
+                assert r.status_code == 200 and r.text == "mine", r.text
+            finally:
+                stop.set()
+                await asyncio.gather(*busy)

@@ -1,0 +1,114 @@
+"""The worker pool (app/scheduler/pool.py) on its own, with no scheduler and no processes: workers
+come from a fake factory, the scheduler's side is a recording `Hooks`. Spares up to the target per
+device, a dead worker replaced and counted, the device ceiling and max_workers, eviction."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from app.scheduler.devices import Device, Inventory
+from app.scheduler.pool import Hooks, WorkerPool
+from app.worker.handle import WorkerHandle, WorkerState
+from tests.helpers import FakeStarts, fake_worker_factory, make_settings, until
+
+
+class Recorded:
+    """What the pool told the scheduler's side."""
+
+    def __init__(self) -> None:
+        self.notified = 0
+        self.unbound: list[WorkerHandle] = []
+
+    def hooks(self) -> Hooks:
+        def notify() -> None:
+            self.notified += 1
+
+        return Hooks(notify=notify, unbind=self.unbound.append)
+
+
+@asynccontextmanager
+async def pool(tmp_path: Path, devices: Inventory, **overrides: Any) -> AsyncIterator[tuple[WorkerPool, FakeStarts, Recorded]]:
+    settings = make_settings("sqlite://", tmp_path, fork_server=False, backend="cpu", **overrides)
+    factory, starts = fake_worker_factory(settings)
+    seen = Recorded()
+    p = WorkerPool(settings, devices, factory=factory, hooks=seen.hooks())
+    try:
+        yield p, starts, seen
+    finally:
+        await p.stop()
+
+
+def gpus(*devices: Device) -> Inventory:
+    return Inventory(list(devices), 0)
+
+
+def spares(p: WorkerPool) -> Counter[int]:
+    return Counter(w.device_index for w in p.workers if w.state == WorkerState.SPARE)
+
+
+def bind(w: WorkerHandle, tenant_id: str, last_used: float) -> None:
+    """As the scheduler leaves a worker bound to a tenant between calls."""
+    w.tenant_id, w.tenant_name, w.state, w.last_used = tenant_id, tenant_id, WorkerState.IDLE, last_used
+
+
+async def test_spares_are_started_up_to_the_target_on_each_device(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0"), Device(1, "1")), max_workers=10, warm_spares=2) as (p, starts, seen):
+        assert p.spare_target() == 2
+        p.ensure_spares()
+        await until(lambda: spares(p) == Counter({0: 2, 1: 2}), "two spares on each device", 2)
+        p.ensure_spares()  # at the target: nothing more starts
+        assert starts.started == 4 and len(p.workers) == 4
+        assert [p.devices[i].contexts for i in (0, 1)] == [2, 2]
+        assert p.backend == "cpu" and seen.notified >= 4  # each start told the waiting calls
+
+
+async def test_a_dead_worker_is_replaced_and_its_reason_counted(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=1) as (p, starts, seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 1, "a spare", 2)
+        dead = p.workers[0]
+        assert dead.proc is not None
+        dead.proc.kill()  # the process died: its watcher notices
+        await until(lambda: p.restarts["exited"] == 1, "the death counted", 2)
+        await until(lambda: spares(p)[0] == 1 and dead not in p.workers, "a replacement spare", 2)
+        assert starts.started == 2 and seen.unbound == [dead] and p.devices[0].contexts == 1
+
+
+async def test_a_failed_start_is_counted_and_backs_its_device_off(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=1) as (p, starts, _):
+        starts.fail = True
+        p.ensure_spares()
+        await until(lambda: p.restarts["start_failed"] == 1, "the failed start counted", 2)
+        assert not p.workers and p.devices[0].start_failures == 1 and not p.devices.usable()
+
+
+async def test_starts_stay_within_the_device_ceiling_and_max_workers(tmp_path: Path) -> None:
+    devices = gpus(Device(0, "0", configured_ceiling=2), Device(1, "1"))
+    async with pool(tmp_path, devices, max_workers=5, warm_spares=8, max_parallel_starts=8) as (p, starts, _):
+        p.ensure_spares()
+        await until(lambda: sum(spares(p).values()) == 5, "the node's slots full of spares", 2)
+        p.ensure_spares()
+        assert starts.started == 5 and len(p.alive()) == 5 and p.start_slots() == 0  # max_workers
+        assert p.devices[0].contexts == 2 and p.devices[1].contexts == 3  # device 0 at its ceiling
+
+
+async def test_eviction_picks_the_least_recently_used_idle_worker_of_another_tenant(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, _, seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        mine, old, older, busy = p.workers
+        bind(mine, "a", last_used=1.0)  # the oldest, but of the tenant that asks
+        bind(old, "b", last_used=3.0)
+        bind(older, "c", last_used=2.0)
+        bind(busy, "b", last_used=0.5)
+        busy.state = WorkerState.BUSY  # running a call: never evicted
+        p.settings.warm_spares = 0  # no replacement: only the choice is looked at
+        assert p.evict_one(exclude="a")
+        assert older not in p.workers and seen.unbound == [older] and p.restarts["evicted"] == 1
+        assert p.evict_one(exclude="a") and old not in p.workers
+        assert not p.evict_one(exclude="a")  # only the asking tenant's and a busy one are left
+        assert p.workers == [mine, busy]

@@ -1,0 +1,126 @@
+"""Spares kept ahead of new tenants (app/scheduler/spares.py and the scheduler acting on it): the
+measured start time and arrival rate, the target between warm_spares and max_warm_spares, spares
+that grow under a burst of new tenants and shrink back when it stops, within max_workers, the
+device's ceiling and budget; workers are fakes (no process), the arrival clock a fake one."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from app.contract.messages import Outcome
+from app.scheduler.devices import Device, Inventory
+from app.scheduler.scheduler import Scheduler
+from app.scheduler.spares import ArrivalRate, StartTimes, spare_target
+from app.worker.handle import WorkerState
+from tests.helpers import fake_node, fake_workers, principal, until
+
+MIB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_start_time_is_the_median_of_recent_starts() -> None:
+    t = StartTimes(keep=4)
+    assert t.typical() is None
+    for s in (0.2, 0.3, 5.0, 0.25):  # one slow start does not move it
+        t.add(s)
+    assert t.typical() == pytest.approx(0.275)
+    for s in (1.0, 1.0, 1.0):  # only the recent ones count
+        t.add(s)
+    assert t.typical() == pytest.approx(1.0)
+
+
+def test_the_arrival_rate_follows_a_burst_and_decays_when_it_stops() -> None:
+    clock = Clock()
+    r = ArrivalRate(tau_s=1.0, clock=clock)
+    assert r.rate() == 0
+    for _ in range(8):  # eight new tenants within 80 ms
+        r.note()
+        clock.now += 0.01
+    assert 7 < r.rate() < 8
+    clock.now += 5
+    assert r.rate() < 0.06
+
+
+def test_the_target_stays_between_warm_spares_and_max_warm_spares() -> None:
+    assert spare_target(0.0, 0.5, 1, warm_spares=1, max_warm_spares=8) == 1
+    assert spare_target(0.1, 0.5, 1, warm_spares=1, max_warm_spares=8) == 1  # a decayed rate keeps no extra
+    assert spare_target(10.0, 0.5, 1, warm_spares=1, max_warm_spares=8) == 6  # 5 arrive within a start, + 1
+    assert spare_target(100.0, 0.5, 1, warm_spares=1, max_warm_spares=8) == 8
+    assert spare_target(10.0, 0.5, 2, warm_spares=1, max_warm_spares=8) == 3  # spread over the devices
+    assert spare_target(10.0, None, 1, warm_spares=2, max_warm_spares=8) == 2  # no start measured yet
+    assert spare_target(100.0, 0.5, 1, warm_spares=3, max_warm_spares=1) == 3  # warm_spares wins
+    assert spare_target(100.0, 0.5, 1, warm_spares=0, max_warm_spares=8) == 0  # none kept at all
+
+
+def _spares(s: Scheduler) -> Counter[int]:
+    return Counter(w.device_index for w in s.workers if w.state in (WorkerState.SPARE, WorkerState.STARTING))
+
+
+def _burst(s: Scheduler, clock: Clock, tenants: int) -> None:
+    """`tenants` new tenants' binds as the arrival rate sees them (the fake clock stands still)."""
+    s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=clock)
+    for _ in range(tenants):
+        s.pool.arrivals.note()
+
+
+async def test_spares_grow_under_a_burst_of_new_tenants_and_shrink_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.2)
+    async with fake_node(tmp_path, max_workers=20, warm_spares=1, max_warm_spares=4, retire_idle_after_s=0) as s:
+        clock = Clock()
+        s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=clock)
+        assert s.pool.spare_target() == 1
+        # new tenants bound one after another: each bind counts as an arrival
+        for _ in range(6):
+            lease = await s.lease(principal())
+            s.release(lease, Outcome.OK)
+        assert s.pool.arrivals.rate() == pytest.approx(6.0)  # the fake clock stood still
+        assert s.pool.spare_target() == 2  # 6/s x 0.2 s: 1.2 arrive within a start, + 1
+        _burst(s, clock, 40)
+        assert s.pool.spare_target() == 4  # max_warm_spares
+        s.pool.ensure_spares()
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 4, "four spares ready", 5)
+        assert _spares(s)[0] == 4
+        clock.now += 10  # the burst stopped: back to warm_spares, the extra spares retired
+        await until(lambda: _spares(s)[0] == 1, "one spare left", 5)
+        assert s.restarts["surplus_spare"] == 3
+
+
+async def test_extra_spares_stay_within_max_workers_and_the_devices_ceilings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.02)
+    clock = Clock()
+    devices = Inventory([Device(0, "0", name="fake0", configured_ceiling=2), Device(1, "1", name="fake1")], 0)
+    async with fake_node(tmp_path, devices=devices, max_workers=6, warm_spares=1, max_warm_spares=8, max_parallel_starts=8) as s:
+        _burst(s, clock, 1000)
+        assert s.pool.spare_target() == 8
+        s.pool.ensure_spares()
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 6, "the node's slots full of spares", 5)
+        s.pool.ensure_spares()
+        assert len(s.pool.alive()) == 6  # max_workers
+        assert s.devices[0].contexts == 2 and s.devices[1].contexts == 4  # device 0 at its ceiling
+
+
+async def test_extra_spares_give_way_to_a_tenant_whose_cap_needs_their_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.02)
+    clock = Clock()
+    devices = Inventory([Device(0, "0", budget_bytes=1000 * MIB, name="fake0")], 100 * MIB)
+    async with fake_node(tmp_path, devices=devices, max_workers=20, warm_spares=1, max_warm_spares=8, queue_wait_ms=300) as s:
+        _burst(s, clock, 1000)
+        s.pool.ensure_spares()
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 8, "eight spares in the budget", 5)
+        big = principal(gpu_memory_bytes=500 * MIB)
+        lease = await s.lease(big)  # 8 x 100 MiB of spares + 500 MiB would not fit: three give way
+        assert lease.worker.tenant_id == big.id
+        assert s.restarts["surplus_spare"] == 3
+        await until(lambda: not any(w.state == WorkerState.STARTING for w in s.workers), "no start under way", 5)
+        assert s.devices[0].committed_bytes <= 1000 * MIB
+        s.release(lease, Outcome.OK)

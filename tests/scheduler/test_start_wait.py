@@ -1,0 +1,67 @@
+"""A call that needs a worker start waits for it within its own deadline (its tenant's timeout from
+its arrival), not the queue wait; it is refused at once when the measured start time cannot fit
+that, and after the queue wait when nothing can start for it (the stuck case). Workers are fakes
+whose starts take a set time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from app.contract.errors import NoCapacity
+from app.contract.messages import Outcome
+from app.scheduler.devices import Device, Inventory
+from app.worker.handle import WorkerState
+from tests.helpers import fake_node, fake_workers, principal
+
+
+async def test_a_call_waits_for_a_start_longer_than_the_queue_wait_that_fits_its_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.4)
+    async with fake_node(tmp_path, max_workers=4, warm_spares=0, queue_wait_ms=100) as s:
+        p = principal(timeout_ms=2000)
+        t0 = time.monotonic()
+        lease = await s.lease(p)  # no spare: it waits for the start its call began
+        assert 0.35 < time.monotonic() - t0 < 1.5
+        assert lease.worker.tenant_id == p.id and lease.worker.state == WorkerState.BUSY
+        assert s.pool.start_times.typical() == pytest.approx(0.4, abs=0.1)
+        s.release(lease, Outcome.OK)
+
+
+async def test_a_call_whose_deadline_the_measured_start_time_cannot_meet_is_refused_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.5)
+    async with fake_node(tmp_path, max_workers=4, warm_spares=1, queue_wait_ms=100) as s:  # start: the spare, 0.5 s
+        first = await s.lease(principal(timeout_ms=5000))  # takes the spare; its replacement takes 0.5 s
+        t0 = time.monotonic()
+        with pytest.raises(NoCapacity, match="worker start takes about"):
+            await s.lease(principal(timeout_ms=50))  # 0.1 s (the queue wait) to wait at most
+        assert time.monotonic() - t0 < 0.05
+        # one whose timeout leaves room waits for the same start
+        second = await s.lease(principal(timeout_ms=5000))
+        assert second.worker is not first.worker
+        s.release(first, Outcome.OK)
+        s.release(second, Outcome.OK)
+
+
+async def test_nothing_can_start_refuses_after_the_queue_wait_not_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.01)
+    devices = Inventory([Device(0, "0", name="fake0", configured_ceiling=1)], 0)
+    async with fake_node(tmp_path, devices=devices, max_workers=4, warm_spares=1, queue_wait_ms=200) as s:
+        busy = await s.lease(principal())  # the device's one context, running: nothing to evict
+        t0 = time.monotonic()
+        with pytest.raises(NoCapacity, match="context ceiling or memory budget"):
+            await s.lease(principal(timeout_ms=10_000))
+        assert 0.15 < time.monotonic() - t0 < 1.0
+        s.release(busy, Outcome.OK)
+
+
+async def test_failing_starts_refuse_after_the_queue_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = fake_workers(monkeypatch, seconds=0.01)
+    async with fake_node(tmp_path, max_workers=4, warm_spares=0, queue_wait_ms=200) as s:
+        starts.fail = True  # the device backs off after each failed start
+        t0 = time.monotonic()
+        with pytest.raises(NoCapacity):
+            await s.lease(principal(timeout_ms=10_000))
+        assert time.monotonic() - t0 < 1.5
+        assert s.restarts["start_failed"] >= 1
