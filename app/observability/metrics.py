@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from app.api.edge import EdgeEvent
 from app.contract.messages import HostCounts
+from app.observability.phase_metrics import PhaseCounters
 from app.observability.stalls import stall_histograms
 from app.sandbox.errors import CompileOutcome
 from app.sandbox.pool import JobKind
@@ -80,6 +81,8 @@ class Metrics:
         )
         # a front's stalls (its loop's lag, its GC pauses), summed over the fronts; app/observability/stalls.py
         self.loop_lag, self.gc_pause = stall_histograms(r)
+        # where a front's own time per call goes (app/observability/phases.py), summed over the fronts
+        self.front_phases = PhaseCounters(r)
         # gauges of a node of several fronts: the backlog is the same everywhere, running adds up
         self.async_backlog = Gauge(
             "tensorwasm_async_backlog", "Async invocations queued in the database, not yet started (all nodes)", registry=r, multiprocess_mode="max"
@@ -151,6 +154,7 @@ class Metrics:
         self.child(self.compile_seconds, kind).observe(seconds)
 
     def render(self) -> bytes:
+        self.front_phases.publish()  # this front's totals up to now; the others' are at most PUBLISH_S old
         if not self.multiprocess:
             return generate_latest(self.registry)
         registry = CollectorRegistry()

@@ -1,0 +1,128 @@
+"""A front's time per call, phase by phase: the accumulator, its counters, and a real app's calls."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.observability import phases
+from app.observability.metrics import Metrics
+from app.observability.phase_metrics import CALLS, SECONDS, PhaseCounters
+from app.observability.phases import Phase, add_ns, answered, lap, steps, totals
+from tests.helpers import ROOT
+
+
+@pytest.fixture
+def ticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that moves one nanosecond per reading: a stretch costs what it reads, not what it waits."""
+    clock = itertools.count(10**12)
+    monkeypatch.setattr(phases, "perf_counter_ns", lambda: next(clock))
+
+
+def _spent(before: tuple[int, ...], phase: Phase) -> int:
+    return totals()[0][phase] - before[phase]
+
+
+def test_a_lap_adds_to_its_phase_and_starts_the_next(ticks: None) -> None:
+    before, calls = totals()
+    t = lap(Phase.BODY, 0)
+    assert _spent(before, Phase.BODY) == t
+    nxt = lap(Phase.WATCH, t)
+    assert nxt == t + 1 and _spent(before, Phase.WATCH) == 1
+    answered(nxt)
+    assert _spent(before, Phase.RESPOND) == 1 and totals()[1] == calls + 1
+    assert _spent(before, Phase.AUTH) == 0
+
+
+async def test_steps_times_each_step_of_a_coroutine_and_none_of_its_waits(ticks: None) -> None:
+    async def batch() -> str:
+        await asyncio.sleep(0.01)  # the loop runs others meanwhile
+        await asyncio.sleep(0.01)
+        return "written"
+
+    before = totals()[0]
+    assert await steps(Phase.WATCH, batch()) == "written"
+    assert _spent(before, Phase.WATCH) == 3  # three steps of one reading each; the waits count nothing
+
+
+async def test_steps_passes_on_errors_and_lets_the_coroutine_handle_its_cancellation() -> None:
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("the database is gone")
+
+    with pytest.raises(ValueError, match="gone"):
+        await steps(Phase.WATCH, fails())
+
+    started = asyncio.Event()
+
+    async def stops_cleanly() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "stopped"  # as a flush finishing its transaction would
+        return "slept"
+
+    async def flush() -> str:
+        return await steps(Phase.WATCH, stops_cleanly())
+
+    task = asyncio.get_running_loop().create_task(flush())
+    await started.wait()
+    task.cancel()
+    assert await task == "stopped"
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    assert value is not None, name
+    return value
+
+
+def test_counters_publish_what_was_added_since_they_last_did() -> None:
+    add_ns(Phase.ADMIT, 7_000_000_000)  # before the counters: not theirs
+    registry = CollectorRegistry()
+    counters = PhaseCounters(registry)
+    assert all(_value(registry, f"{SECONDS}_total", phase=p.label) == 0 for p in Phase)  # every phase, from the start
+    add_ns(Phase.ADMIT, 2_000_000_000)
+    add_ns(Phase.RECORD_WRITE, 500_000_000)
+    answered(0)
+    answered(0)
+    counters.publish()
+    assert _value(registry, f"{SECONDS}_total", phase="admit") == 2.0
+    assert _value(registry, f"{SECONDS}_total", phase="record_write") == 0.5
+    assert _value(registry, f"{CALLS}_total") == 2
+    counters.publish()  # nothing new
+    assert _value(registry, f"{SECONDS}_total", phase="admit") == 2.0 and _value(registry, f"{CALLS}_total") == 2
+
+
+_FRONT = """
+import sys
+from prometheus_client import CollectorRegistry
+from app.observability.phase_metrics import PhaseCounters
+from app.observability.phases import Phase, add_ns, answered
+counters = PhaseCounters(CollectorRegistry())
+add_ns(Phase.ADMIT, int(sys.argv[1]))
+for _ in range(int(sys.argv[2])):
+    answered(0)
+counters.publish()
+"""
+
+
+def test_one_scrape_of_any_front_shows_the_sum_over_the_fronts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    for admit_ns, calls in ((1_000_000_000, 3), (3_000_000_000, 4)):  # two fronts of a node
+        subprocess.run([sys.executable, "-c", _FRONT, str(admit_ns), str(calls)], env=env, check=True, timeout=60)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    text = Metrics(multiprocess=True).render().decode()  # a third front's scrape
+    found = {(s.name, s.labels.get("phase")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert found[(f"{SECONDS}_total", "admit")] == 4.0
+    assert found[(f"{SECONDS}_total", "auth")] == 0.0
+    assert found[(f"{CALLS}_total", None)] == 7
