@@ -74,11 +74,17 @@ _MISSING = "missing credentials: send `Authorization: Bearer <token>`"
 Credentials = HTTPAuthorizationCredentials | None
 
 
-def _bearer(header: bytes) -> str:
+def _token(header: bytes) -> str | None:
     scheme, _, token = header.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def _bearer(header: bytes) -> str:
+    token = _token(header)
+    if token is None:
         raise _unauthorized(_MISSING)
-    return token.strip()
+    return token
 
 
 def _is_admin(platform: Platform, token: str) -> bool:
@@ -109,6 +115,18 @@ async def _tenant_for(platform: Platform, token: str, address: str) -> Principal
     key_id, principal = found
     platform.recorder.touch_key(key_id, platform.clock())
     cache.put(digest, key_id, principal)
+    return principal
+
+
+def cached_tenant(platform: Platform, header: bytes) -> Principal | None:
+    """The calling tenant when its key is in the auth cache: a caller's usual request, answered
+    without awaiting anything. None: `admit_tenant` looks the key up, or refuses it."""
+    token = _token(header)
+    if token is None or not key_shaped(token):
+        return None
+    principal = platform.auth_cache.get(hash_key(token))
+    if principal is not None:
+        ctx.tenant.set(principal.name)
     return principal
 
 

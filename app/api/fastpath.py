@@ -11,6 +11,7 @@ alike; one that has none propagates to the server-error handler outside, as from
 from __future__ import annotations
 
 import re
+from time import perf_counter_ns
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api.errors import handle
 from app.api.routers.invoke import invoke_function, router
 from app.api.schemas import NAME_PATTERN
+from app.observability.phases import RESPOND, WHOLE_BYTES, lap
 
 _PREFIX, _SUFFIX = "/v1/functions/", "/invoke"
 _TEMPLATE = f"{_PREFIX}{{name}}{_SUFFIX}"
@@ -43,7 +45,10 @@ class InvokeFastPath:
             response = await invoke_function(name, request)
         except Exception as exc:
             response = await handle(self.fastapi, request, exc)
+        t = perf_counter_ns()
         await response(scope, receive, send)
+        if len(response.body) <= WHOLE_BYTES:  # written at once; a larger one may wait for its client
+            lap(RESPOND, t)
 
     def _plain_invoke(self, scope: Scope) -> str | None:
         """The function's name when this request takes the fast path, else None."""

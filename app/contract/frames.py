@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from time import perf_counter_ns
 from typing import BinaryIO
 
 import msgspec
 
 from app.contract.messages import WorkerMessage, worker_decoder, worker_encoder
+from app.observability.phases import REPLY, WHOLE_BYTES, lap
 
 _HEAD = struct.Struct("<II")
 MAX_HEADER = 16 * 1024 * 1024
@@ -70,12 +72,19 @@ def read_frame(stream: BinaryIO) -> tuple[WorkerMessage, bytes] | None:
 
 
 async def read_frame_async(reader: asyncio.StreamReader) -> tuple[WorkerMessage, Payload]:
-    """Raises asyncio.IncompleteReadError when the peer closes."""
-    hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    """Raises asyncio.IncompleteReadError when the peer closes. The frame's reading, once its
+    first bytes are in, is a front's REPLY phase (a body over WHOLE_BYTES may wait for the rest)."""
+    hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))  # the wait for the peer
+    t = perf_counter_ns()
     _check(hlen, blen)
     header = _decode(await reader.readexactly(hlen))
+    if blen <= WHOLE_BYTES:
+        whole = await reader.readexactly(blen) if blen else b""
+        lap(REPLY, t)
+        return header, whole
+    lap(REPLY, t)
     if blen <= _SMALL_BODY:
-        return header, await reader.readexactly(blen) if blen else b""
+        return header, await reader.readexactly(blen)
     # A large body (a guest's output, up to the cap) is read piece by piece into its own buffer:
     # readexactly would hold all of it in the stream's buffer and then copy it out whole.
     body = bytearray(blen)

@@ -21,11 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 from app.contract.errors import NoCapacity, Rejected, RejectReason
 from app.contract.frames import Payload, ProtocolError
 from app.contract.messages import Outcome, Refused, RefuseReason, Route, Run, WorkerMessage
+from app.observability.phases import SEND, lap
 from app.worker.handle import WorkerLost
 from app.worker.stats import StatsPage, run_mark
 
@@ -123,6 +125,7 @@ class DirectLease:
 
     async def _send(self, worker: RoutedWorker, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
         late: asyncio.TimerHandle | None = None
+        t = perf_counter_ns()
         try:
             async with asyncio.timeout(None) as deadline:
 
@@ -131,6 +134,7 @@ class DirectLease:
                         deadline.reschedule(asyncio.get_running_loop().time())
 
                 late = asyncio.get_running_loop().call_later(max(0.0, run.start_by - time.monotonic()), check)
+                lap(SEND, t)  # its deadline set (a connection opened below is a wait)
                 self.conn = conn = self.conn or await self.client.route_conn(worker.route)  # sent again: the same connection
                 return await conn.exchange(run, body, on_chunk)
         except TimeoutError:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import perf_counter_ns
 
 from app.contract.errors import NoCapacity, Rejected, RejectReason, SupervisorGone
 from app.contract.frames import Payload, ProtocolError, encode, read_frame_async
@@ -57,6 +58,7 @@ from app.contract.messages import (
 from app.node.admission import ADMISSION_FILE, AdmissionTable, Verdict
 from app.node.ipc import pack, read_message
 from app.node.routes import DirectLease, RoutedWorker
+from app.observability.phases import ADMIT, SEND, lap
 from app.scheduler.leases import outcome_of
 from app.worker.handle import WorkerLost
 
@@ -81,7 +83,9 @@ class _Conn:
     async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
         """Send the run; the worker's last frame and its body (Chunk frames go to `on_chunk`).
         Raises what the connection raises (OSError, EOFError, ProtocolError)."""
+        t = perf_counter_ns()
         self.writer.writelines(encode(run, body))
+        lap(SEND, t)
         await self.writer.drain()
         while True:
             msg, out = await read_frame_async(self.reader)
@@ -322,14 +326,18 @@ class SupervisorClient:
             if not isinstance(msg, Granted):
                 raise self._refused(msg)
             return RemoteLease(self, msg)
+        t = perf_counter_ns()
         workers = self._routes.get(principal.id)
         slot, queue_slot, depth = self._admit(principal, workers)
         if workers:
             picked = next(w for w in workers if w.route.slot == queue_slot)
             if depth > 0 and len(workers) < principal.quota.max_concurrency:
                 self._grow(principal)  # its calls queue at every worker: one more, if its share allows
-            return DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
+            direct = DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
+            lap(ADMIT, t)
+            return direct
         lease = DirectLease(self, principal, slot, None, -1, hard_timeout_s, traceparent, 0.0)
+        lap(ADMIT, t)  # not the supervisor's lease: that is a wait
         try:
             lease.remote = await self.remote_lease(principal, hard_timeout_s, traceparent)
         except BaseException:

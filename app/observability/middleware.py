@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
+from time import perf_counter_ns
 from typing import Any
 
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
+from app.observability.phases import METRICS, lap
 
 log = logging.getLogger("tensorwasm.access")
 
@@ -63,16 +64,18 @@ class ObservabilityMiddleware:
                 message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
-        t0 = time.perf_counter()
+        t0 = perf_counter_ns()
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            t = perf_counter_ns()
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            elapsed = time.perf_counter() - t0
+            elapsed = (t - t0) / 1e9
             method = scope["method"]
             m = self.metrics
             m.child(m.http_requests, method, template, str(status)).inc()
             m.child(m.http_seconds, method, template).observe(elapsed)
+            lap(METRICS, t)
             if self.access_log and log.isEnabledFor(logging.INFO):  # one line per request, once answered (or abandoned)
                 log.info("%s %s %d %.1fms tenant=%s", method, template, status, elapsed * 1000, _tenant(scope) or "-")

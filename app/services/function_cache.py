@@ -96,17 +96,26 @@ class FunctionCache:
         both reads run concurrently."""
         if version is not None:
             return await self.pinned(tenant_id, name, version), await self.kernels(tenant_id)
+        cached = self.cached(tenant_id, name)
+        if cached is not None:
+            return cached
+        key = (tenant_id, name)
+        self._check_missing(key, time.monotonic())
+        found, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
+        self._touch(key, time.monotonic())
+        return found, kernels
+
+    def cached(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet] | None:
+        """The active version and the kernels when both are fresh here: the hot path, no task,
+        no await. None: `lookup` reads what is missing."""
         key = (tenant_id, name)
         now = time.monotonic()
         meta = self._fns.get(key)
         hit = self._kernels.get(tenant_id)
         if meta is not None and meta.expires > now and hit is not None and hit[0] > now:
             self._touch(key, now)
-            return meta, hit[1]  # the hot path: no task, no await
-        self._check_missing(key, now)
-        found, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
-        self._touch(key, time.monotonic())
-        return found, kernels
+            return meta, hit[1]
+        return None
 
     def _touch(self, key: tuple[str, str], now: float) -> None:
         used = self._used

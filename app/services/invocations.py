@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from time import perf_counter_ns
 from typing import Any
 
 from app.contract.errors import HardTimeout, Rejected, WorkerCrashed
@@ -25,6 +26,7 @@ from app.errors import NotFound
 from app.node.port import NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
+from app.observability.phases import LOOKUP, METRICS, RECORD, RELEASE, SEND, lap
 from app.observability.tracing import Tracing
 from app.queue.states import InvocationStatus
 from app.scheduler.leases import KernelSet, outcome_of
@@ -139,7 +141,12 @@ class Executor:
         self.tracing = tracing
 
     async def lookup(self, tenant: Principal, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
-        try:
+        t = perf_counter_ns()
+        cached = self.functions.cached(tenant.id, name) if version is None else None
+        if cached is not None:
+            lap(LOOKUP, t)
+            return cached
+        try:  # a read of the database, maybe a compile: not timed
             return await self.functions.lookup(tenant.id, name, version)
         except NotFound:  # a name that does not exist costs a call against the rate too
             await self.node.check_rate(tenant)
@@ -151,16 +158,19 @@ class Executor:
     ) -> Execution:
         """`version`: the one the call pinned (X-Function-Version), else the active one."""
         meta, kernels = await self.lookup(tenant, name, version)
+        t = perf_counter_ns()
         run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
         run.stream = on_chunk is not None
         run.kernels_version = kernels.version
         started = datetime.now(UTC)
-        t0 = time.perf_counter()
+        t0 = t  # the call's start here, for its duration
         hard_timeout = (run.timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
 
         def ended(status: InvocationStatus, host: HostCounts | None = None, **kw: Any) -> Execution:
-            seconds = time.perf_counter() - t0
+            now = perf_counter_ns()
+            seconds = (now - t0) / 1e9
             self.metrics.invocation(tenant.name, name, status.value, seconds, host)
+            lap(METRICS, now)
             kw["error"] = bounded_error(kw.get("error"))
             if status != InvocationStatus.SUCCEEDED:
                 log.info("invocation %s of %s ended %s: %s", invocation_id, name, status.value, kw.get("error"))
@@ -169,6 +179,7 @@ class Executor:
         try:
             with self.tracing.span("scheduler.run", {"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
                 run.traceparent = self.tracing.traceparent()  # None when not tracing
+                lap(SEND, t)  # the run message (tracing's hooks included, a no-op when off)
                 reply, out = await self._call(tenant, run, body, hard_timeout, kernels, on_chunk)
                 self.tracing.emit_worker_spans(run.traceparent, reply.spans or [])
         except HardTimeout:
@@ -194,10 +205,11 @@ class Executor:
         on_chunk: Callable[[Payload], None] | None,
     ) -> tuple[Result, Payload]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
-        t0 = time.perf_counter()
+        t0 = perf_counter_ns()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
-        leased = time.perf_counter()
-        self.metrics.waited(tenant.name, leased - t0)
+        leased = perf_counter_ns()
+        self.metrics.waited(tenant.name, (leased - t0) / 1e9)
+        lap(METRICS, leased)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
             if lease.kernels_version != kernels.version:
@@ -217,7 +229,7 @@ class Executor:
                 # the caller went away mid-call: its guest is stopped and the lease released
                 # once the worker answers, so a tenant's disconnects cost no worker starts
                 outcome = None
-                self.node.stop(lease, max(0.0, hard_timeout - (time.perf_counter() - leased)), kernels.version)
+                self.node.stop(lease, max(0.0, hard_timeout - (perf_counter_ns() - leased) / 1e9), kernels.version)
                 raise
             except TimeoutError:
                 outcome = Outcome.HARD_TIMEOUT
@@ -229,11 +241,15 @@ class Executor:
             if not isinstance(reply, Result):
                 log.error("worker answered a run with %s", reply)
                 raise WorkerCrashed()
+            t = perf_counter_ns()
             self.metrics.ran(tenant.name, reply.duration_ms / 1000)
+            lap(METRICS, t)
             return reply, out
         finally:
             if outcome is not None:
+                t = perf_counter_ns()
                 self.node.release(lease, outcome, kernels.version)
+                lap(RELEASE, t)
 
 
 @dataclass
@@ -288,4 +304,6 @@ class InvokeService:
         return InvokeOutcome(invocation_id, http, b"", "", err)
 
     def _record(self, tenant: Principal, name: str, invocation_id: str, created: datetime, values: dict[str, Any]) -> None:
+        t = perf_counter_ns()
         self.recorder.record({"id": invocation_id, "tenant_id": tenant.id, "function": name, "created_at": created, **values})
+        lap(RECORD, t)

@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from app.contract.frames import Payload, ProtocolError, encode, read_frame_async
 from app.contract.messages import Bind, Chunk, DeviceInfo, Done, Ready, StartRefusal, WorkerMessage
+from app.observability.phases import SEND, lap
 from app.runtime.environment import tenant_process_env
 from app.settings import Settings
 from app.worker.forkserver import ForkedProcess, ForkServer
@@ -123,7 +124,9 @@ class WorkerHandle:
         """Send one request and return its reply; `Chunk` frames before it go to `on_chunk`."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
+            t = time.perf_counter_ns()
             self.proc.stdin.writelines(encode(header, body))
+            lap(SEND, t)  # a call's run in a one-process node (a supervisor publishes no phases)
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerLost(f"worker {self.id} is gone") from exc

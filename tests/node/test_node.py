@@ -17,6 +17,8 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from app.observability.phase_metrics import CALLS, SECONDS
+from app.observability.phases import PUBLISH_S, Phase
 from tests.helpers import ADMIN, ADMIN_TOKEN, compile_bomb, deploy, descendants, new_tenant, process_alive, server_process, wat
 from tests.node.helpers import WriteLock, both_fronts, http, only, pinned, samples, tenant_busy, until, write_lock
 
@@ -308,6 +310,30 @@ async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
     assert text.count("# TYPE tensorwasm_gc_pause_seconds histogram") == 1
     assert "tensorwasm_supervisor_gc_pause_seconds_bucket" in text
     assert text.count("# TYPE tensorwasm_supervisor_event_loop_lag_seconds histogram") == 1
+
+
+async def test_the_fronts_phases_add_up_in_one_scrape(node: tuple[Any, str]) -> None:
+    proc, base = node
+    a, b = await both_fronts(proc)
+    calls = f"{CALLS}_total"
+    async with http(base) as admin:
+        _, key = await new_tenant(admin)
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        await asyncio.sleep(PUBLISH_S + 0.5)  # what either front timed before is published
+        before = samples((await admin.get("/metrics")).text, calls)
+        for front, n in ((a, 3), (b, 4)):
+            async with only(front, [a, b]), http(base) as client:
+                for _ in range(n):
+                    assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code == 200
+
+        async def published() -> str | None:  # the front not scraped publishes within PUBLISH_S
+            text = (await admin.get("/metrics")).text
+            return text if samples(text, calls) - before >= 7 else None
+
+        text = await until(published, "both fronts' calls")
+    assert samples(text, calls) - before == 7
+    assert [p.label for p in Phase if samples(text, f"{SECONDS}_total", phase=p.label) <= 0] == []
+    assert text.count(f"# TYPE {SECONDS}_total counter") == 1
 
 
 async def test_a_killed_supervisor_leaves_no_process(server_database_url: str, tmp_path: Path) -> None:

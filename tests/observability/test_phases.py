@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,7 +19,7 @@ from app.observability import phases
 from app.observability.metrics import Metrics
 from app.observability.phase_metrics import CALLS, SECONDS, PhaseCounters
 from app.observability.phases import Phase, add_ns, answered, lap, steps, totals
-from tests.helpers import ROOT
+from tests.helpers import ROOT, deploy, new_tenant, wat
 
 
 @pytest.fixture
@@ -126,3 +128,28 @@ def test_one_scrape_of_any_front_shows_the_sum_over_the_fronts(tmp_path: Path, m
     assert found[(f"{SECONDS}_total", "admit")] == 4.0
     assert found[(f"{SECONDS}_total", "auth")] == 0.0
     assert found[(f"{CALLS}_total", None)] == 7
+
+
+def _phase_samples(text: str) -> tuple[dict[str, float], float]:
+    seconds: dict[str, float] = {}
+    calls = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == f"{SECONDS}_total":
+                seconds[s.labels["phase"]] = s.value
+            elif s.name == f"{CALLS}_total":
+                calls = s.value
+    return seconds, calls
+
+
+async def test_a_one_process_apps_calls_are_timed_in_every_phase(client: httpx.AsyncClient, platform: Any) -> None:
+    _, key = await new_tenant(client)
+    assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
+    before, calls_before = _phase_samples((await client.get("/metrics")).text)
+    for _ in range(3):  # the first reads its key and binds a worker (waits: not timed); the others find both
+        assert (await client.post("/v1/functions/echo/invoke", content=b"x", headers=key)).status_code == 200
+    await platform.recorder.flush()  # their records' batch
+    after, calls_after = _phase_samples((await client.get("/metrics")).text)
+    assert set(after) == {p.label for p in Phase}
+    assert [p.label for p in Phase if after[p.label] <= before[p.label]] == []
+    assert calls_after - calls_before == 3

@@ -5,6 +5,7 @@ microseconds per request)."""
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter_ns
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -18,6 +19,7 @@ from app.api.media import safe_media_type
 from app.api.routers.functions import NameParam
 from app.api.routers.stream import invoke_streaming, stream_kind
 from app.api.streaming import SlicedResponse
+from app.observability.phases import BODY, WATCH, WHOLE_BYTES, answered, lap
 from app.platform import Platform
 from app.services.invocations import InvokeService
 
@@ -51,6 +53,7 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 async def invoke_function(name: NameParam, request: Request) -> Response:
     platform: Platform = request.app.state.platform
     tenant = await authenticate_tenant(request, platform)
+    t = perf_counter_ns()
     args = call_args(request)
     version = call_version(request)
     with platform.bodies.hold(tenant.id) as hold:
@@ -58,10 +61,13 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
         stream = stream_kind(request)
         if stream is not None:
             return await invoke_streaming(platform, tenant, name, body, request, stream, args, version)
-        service = InvokeService(platform.executor, platform.recorder)
+        # a larger body's transfer may have been waited for: the phases time CPU
+        t = lap(BODY, t) if len(body) <= WHOLE_BYTES else perf_counter_ns()
         call = asyncio.current_task()
         assert call is not None
         watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
+        lap(WATCH, t)
+        service = InvokeService(platform.executor, platform.recorder)
         try:
             outcome = await service.invoke(
                 tenant, name, body, request.url.query, request.headers.get("content-type", ""), args, version
@@ -72,11 +78,17 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
             call.uncancel()
             return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
         finally:
+            t = perf_counter_ns()
             watcher.cancel()
+            t = lap(WATCH, t)
         headers = {"X-Invocation-Id": outcome.invocation_id}
+        response: Response
         if outcome.error is not None:
-            return JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
-        return SlicedResponse(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
+            response = JSONResponse(status_code=outcome.status, content={"error": outcome.error}, headers=headers)
+        else:
+            response = SlicedResponse(content=outcome.body, status_code=200, media_type=safe_media_type(outcome.content_type), headers=headers)
+        answered(t)
+        return response
 
 
 async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> None:
