@@ -4,7 +4,9 @@ Everything runs in one go on one machine: the baseline (`app.bench.echo_app` und
 with one process and with the node's process count), the same app with one process hop
 (`app.bench.relay_app`: the body goes to another process and back, the floor of any design that
 keeps the guest out of the HTTP process) and the node (a real `tensorwasm serve` with an echo
-guest). Each figure is printed beside its baseline as a ratio, with the target it has.
+guest). Each figure is printed beside its baseline as a ratio, with the target it has. For the
+c=32 and c=256 runs it also prints the fronts' CPU per call phase by phase, from the node's
+`tensorwasm_front_phase_seconds_total` (app/observability/phases.py), scraped before and after.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import httpx
 from app.bench import cpu, observed
 from app.bench.node import bare_echo, bare_relay, node_process, setup_tenant
 from app.bench.wrk import INSTALL_HINT, WrkResult, run_wrk, wrk_path
+from app.observability.phases import PUBLISH_S
 
 # Echoes stdin to stdout, 64 KiB at a time.
 ECHO_WAT = """
@@ -43,6 +46,11 @@ ECHO_WAT = """
           (br $l))))))
 """
 BODY = "hello"
+
+# After a run: its last records are written by then (a batch every 0.2 s), so their CPU is the run's...
+_WRITTEN_S = 0.5
+# ... and every front has published its phase totals (the scraped front publishes its own then)
+_PUBLISHED_S = PUBLISH_S + 0.5
 
 
 def default_processes() -> int:
@@ -100,13 +108,20 @@ def bench_invoke(args: argparse.Namespace) -> int:
         res["node_c1"] = _post(url, 1, secs, hot)
         c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
         c32_split: observed.Split | None = None
+        phases: dict[int, observed.FrontPhases] = {}
+        time.sleep(_PUBLISHED_S)
+        seen = observed.scrape(client)
         for c in (32, 256):
-            seen_before = observed.scrape(client) if c == 32 else None
             cpu_before = cpu.sample(node_pid)  # after the scrape: its work is not the run's
             r = res[f"node_c{c}"] = _post(url, c, secs, hot)
+            time.sleep(_WRITTEN_S)
             cpu_use[c] = cpu.per_role(cpu_before, cpu.sample(node_pid), r.requests, r.seconds)
-            if seen_before is not None:
-                c32_split = observed.split(observed.scrape(client), "hot") - observed.split(seen_before, "hot")
+            time.sleep(_PUBLISHED_S)
+            after = observed.scrape(client)
+            if c == 32:
+                c32_split = observed.split(after, "hot") - observed.split(seen, "hot")
+            phases[c] = observed.front_phases(after) - observed.front_phases(seen)
+            seen = after
 
         flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
         quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
@@ -138,15 +153,47 @@ def bench_invoke(args: argparse.Namespace) -> int:
         replaced = observed.replaced(after) - observed.replaced(first)
 
     if args.json:
-        print(json.dumps({k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}, indent=2))
-    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, c32_split)
+        out: dict[str, object] = {k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}
+        out["front_phases"] = {f"c{c}": _phase_summary(p, fronts_cpu_us(cpu_use[c], procs)) for c, p in phases.items()}
+        print(json.dumps(out, indent=2))
+    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, c32_split, phases)
     return 0
+
+
+def fronts_cpu_us(roles: dict[cpu.Role, cpu.RoleCpu], procs: int) -> float | None:
+    """The fronts' CPU per call; a one-process node's first process is its front."""
+    used = roles.get(cpu.Role.SUPERVISOR if procs == 1 else cpu.Role.FRONT)
+    return used.per_call_us if used is not None else None
+
+
+def _phase_summary(phases: observed.FrontPhases, fronts_us: float | None) -> dict[str, object]:
+    us = phases.per_call_us()
+    other = fronts_us - sum(us.values()) if fronts_us is not None else None
+    return {"calls": phases.calls, "fronts_cpu_us": fronts_us, "us_per_call": {p.label: v for p, v in us.items()}, "other_us": other}
+
+
+def _phase_lines(c: int, phases: observed.FrontPhases, fronts_us: float | None) -> None:
+    """The fronts' CPU per call by phase, each with its share of all of it; what no phase times
+    is the rest: the HTTP server, ASGI, the event loop, the middleware."""
+    us = phases.per_call_us()
+
+    def share(v: float) -> str:
+        return f" ({100 * v / fronts_us:.1f}%)" if fronts_us else ""
+
+    total = f"{fronts_us:.0f}" if fronts_us is not None else "?"
+    _line(f"c={c}: fronts' CPU per call by phase, us (% of it), {phases.calls} calls", total)
+    for p, v in us.items():
+        _line(f"  {p.label}", f"{v:.1f}{share(v)}")
+    timed = sum(us.values())
+    _line("  all phases", f"{timed:.1f}{share(timed)}")
+    if fronts_us is not None:
+        _line("  other: HTTP server, ASGI, event loop, middleware", f"{fronts_us - timed:.1f}{share(fronts_us - timed)}")
 
 
 def _report(
     r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[observed.Slow] | None = None,
     stalls: list[observed.Stalls] | None = None, after_idle_ms: float | None = None, cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] | None = None,
-    c1_split: observed.Split | None = None, c32_split: observed.Split | None = None,
+    c1_split: observed.Split | None = None, c32_split: observed.Split | None = None, phases: dict[int, observed.FrontPhases] | None = None,
 ) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
@@ -182,6 +229,8 @@ def _report(
                 for role, u in sorted(roles.items()) if role != cpu.Role.OTHER
             ),
         )
+    for c, spent in (phases or {}).items():
+        _phase_lines(c, spent, fronts_cpu_us((cpu_use or {}).get(c, {}), procs))
     if c32_split is not None:  # what a worker waits on between runs: "rest" is spent holding it
         call, wait, run = c32_split.mean_us()
         _line("c=32 mean us: call in the node (lease wait, guest run, rest)", f"{call:.0f} ({wait:.0f}, {run:.0f}, {call - wait - run:.0f})")

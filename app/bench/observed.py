@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from app.bench.cpu import HostCpu
+from app.observability.phase_metrics import CALLS, SECONDS
+from app.observability.phases import Phase
 
 SLOW_S = 0.05  # a bucket bound of the node's latency histograms
 STALL_S = 0.01  # one of the stall histograms' (a call beside a flood takes 3-5 ms)
@@ -116,3 +118,32 @@ def stalls(samples: list[Sample], host: HostCpu) -> Stalls:
 def replaced(samples: list[Sample]) -> Counter[str]:
     """Workers the node has replaced so far, by reason (each costs a context start)."""
     return Counter({s.labels["reason"]: int(s.value) for s in samples if s.name == "tensorwasm_worker_restarts_total"})
+
+
+@dataclass(frozen=True)
+class FrontPhases:
+    """The fronts' own time by phase (app/observability/phases.py), summed over the fronts, and
+    the calls it was spent on."""
+
+    calls: int = 0
+    seconds: tuple[float, ...] = (0.0,) * len(Phase)
+
+    def __sub__(self, other: FrontPhases) -> FrontPhases:
+        return FrontPhases(self.calls - other.calls, tuple(a - b for a, b in zip(self.seconds, other.seconds, strict=True)))
+
+    def per_call_us(self) -> dict[Phase, float]:
+        n = self.calls or 1
+        return {p: 1e6 * self.seconds[p] / n for p in Phase}
+
+
+def front_phases(samples: list[Sample]) -> FrontPhases:
+    """A node that publishes no phases (older code) reads as none."""
+    by_label = {p.label: p for p in Phase}
+    seconds = [0.0] * len(Phase)
+    calls = 0
+    for s in samples:
+        if s.name == f"{SECONDS}_total" and s.labels.get("phase") in by_label:
+            seconds[by_label[s.labels["phase"]]] += s.value
+        elif s.name == f"{CALLS}_total":
+            calls += int(s.value)
+    return FrontPhases(calls, tuple(seconds))

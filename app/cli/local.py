@@ -86,7 +86,7 @@ def bench() -> None:
     "--flood-runs", type=click.IntRange(min=1), default=1, show_default=True,
     help="Times the flood and the other tenant beside it run (judged on the worst).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Also print every wrk result as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Also print every wrk result and the fronts' phases as JSON.")
 def bench_invoke(seconds: float, processes: int, workers: int, quota_concurrency: int, flood_runs: int, as_json: bool) -> None:
     """Invoke latency, throughput and goodput under wrk, against a bare FastAPI echo app."""
     from app.bench.invoke import bench_invoke as run

@@ -1,4 +1,5 @@
-"""bench invoke's report: with several flood runs, the other tenant is judged on its worst one."""
+"""bench invoke's report: with several flood runs, the other tenant is judged on its worst one;
+what the node's metrics say of each run (slow calls, stalls, the fronts' phases)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 
 from app.bench.cpu import HostCpu, Role, RoleCpu
 from app.bench.invoke import _report
-from app.bench.observed import Slow, Split, Stalls, replaced, scrape, slow_calls, split, stalls
+from app.bench.observed import FrontPhases, Slow, Split, Stalls, front_phases, replaced, scrape, slow_calls, split, stalls
 from app.bench.wrk import WrkResult
+from app.observability.phases import Phase
 
 
 def _result(p99_ms: float, ok: int = 1000, other: int = 0) -> WrkResult:
@@ -197,3 +199,35 @@ def test_the_c32_split_says_what_a_call_spends_beside_its_guest(capsys: pytest.C
     assert _line(capsys.readouterr().out, "c=32 mean us: call in the node").split()[-4:] == ["3000", "(2200,", "250,", "550)"]
     _report(_results([3.0]), 2, 8)
     assert "c=32 mean us" not in capsys.readouterr().out
+
+
+def _phases_text(calls: int, seconds: dict[str, float]) -> str:
+    text = "# HELP tensorwasm_front_phase_seconds_total A front's own time\n# TYPE tensorwasm_front_phase_seconds_total counter\n"
+    text += "".join(f'tensorwasm_front_phase_seconds_total{{phase="{p}"}} {v}\n' for p, v in seconds.items())
+    text += "# HELP tensorwasm_front_phase_calls_total Calls\n# TYPE tensorwasm_front_phase_calls_total counter\n"
+    return text + f"tensorwasm_front_phase_calls_total {calls}.0\n"
+
+
+def test_the_fronts_cpu_per_call_is_split_by_phase_from_the_nodes_counters(capsys: pytest.CaptureFixture[str]) -> None:
+    before = {p.label: 1.0 for p in Phase}
+    after = {p.label: 1.0 for p in Phase} | {"auth": 1.02, "send": 1.05, "record_write": 1.1, "from_a_newer_node": 9.0}
+    scrapes = iter([_phases_text(500, before), _phases_text(10_500, after)])
+    with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=next(scrapes)))) as client:
+        run = front_phases(scrape(client))
+        run = front_phases(scrape(client)) - run
+    assert run.calls == 10_000
+    us = run.per_call_us()
+    assert [round(us[p], 3) for p in (Phase.AUTH, Phase.SEND, Phase.RECORD_WRITE, Phase.ADMIT)] == [2.0, 5.0, 10.0, 0.0]
+    assert front_phases([]) == FrontPhases()  # a node that publishes none
+    fronts = {Role.FRONT: RoleCpu(Role.FRONT, 2, 100.0, 0.9), Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 1.0, 0.01)}
+    _report(_results([3.0]), 2, 8, cpu_use={32: fronts}, phases={32: run})
+    out = capsys.readouterr().out
+    assert _line(out, "c=32: fronts' CPU per call by phase").split()[-1] == "100"
+    assert "10000 calls" in _line(out, "c=32: fronts' CPU per call by phase")
+    assert _line(out, "  auth").split()[-2:] == ["2.0", "(2.0%)"]
+    assert _line(out, "  record_write").split()[-2:] == ["10.0", "(10.0%)"]
+    assert _line(out, "  all phases").split()[-2:] == ["17.0", "(17.0%)"]
+    assert _line(out, "  other: HTTP server, ASGI, event loop, middleware").split()[-2:] == ["83.0", "(83.0%)"]
+    # a one-process node: its first process is its front
+    _report(_results([3.0]), 1, 8, cpu_use={256: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 50.0, 0.9)}}, phases={256: run})
+    assert _line(capsys.readouterr().out, "  other").split()[-2:] == ["33.0", "(66.0%)"]
