@@ -35,7 +35,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
 RESTART_REASONS = (
     "crashed", "exited", "hard_timeout", "device_error", "evicted", "tenant_changed", "quota_changed", "cancelled", "start_failed", "start_refused",
-    "fair_share", "surplus_spare",
+    "fair_share", "rotated", "surplus_spare",
 )
 WORKER_STATES = ("starting", "spare", "binding", "idle", "busy")
 COMPILE_KINDS = tuple(k.value for k in JobKind)

@@ -273,7 +273,9 @@ class WorkerPool:
             return Progress.PENDING  # a start, or a drained worker's slot, is on its way
         if self.spare_gives_way(cap):
             return Progress.AGAIN
-        return Progress.PENDING if self.hooks.give_up_worker(exclude) else Progress.NONE
+        if self.hooks.give_up_worker(exclude) or self.rotate_one(exclude, cap):
+            return Progress.PENDING
+        return Progress.NONE
 
     def start_eta(self, cap: int) -> float | None:
         """When the soonest start that could serve a call with `cap` should be ready (one started
@@ -289,9 +291,9 @@ class WorkerPool:
         return max(now, min(began) + typical) if began else now + typical
 
     # -- eviction ---------------------------------------------------------------------------------
-    def evict_one(self, exclude: str, cap: int = 0) -> bool:
-        """Retire the least recently used idle worker of another tenant whose departure lets a
-        context with `cap` start on its device (a slot, a context below the ceiling, budget)."""
+    def _makes_room(self, cap: int) -> Callable[[WorkerHandle], bool]:
+        """Whether a worker's departure lets a context with `cap` start on its device (a slot, a
+        context below the ceiling, budget)."""
         now = self.devices.clock()
         # at max_workers, any worker's slot serves if some device could place the cap but for the slot
         slot_helps = len(self.alive()) >= self.settings.max_workers and self.devices.place(cap) is not None
@@ -304,10 +306,33 @@ class WorkerPool:
             fits = not d.budget_bytes or d.committed_bytes - w.gpu_cap + cap <= d.budget_bytes
             return now >= d.next_start_at and below_ceiling and fits
 
+        return helps
+
+    def evict_one(self, exclude: str, cap: int = 0) -> bool:
+        """Retire the least recently used idle worker of another tenant whose departure makes
+        room for a context with `cap`."""
+        helps = self._makes_room(cap)
         idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude and helps(w) and not self.busy(w)]
         if not idle:
             return False
         self.retire(min(idle, key=self.last_used), "evicted")
+        return True
+
+    def rotate_one(self, exclude: str, cap: int = 0) -> bool:
+        """Every worker that could make room serves another tenant, each holding one: the call
+        can still be served once one of them lets go, so it waits within its deadline rather
+        than being refused. A leased call ends and leaves its worker idle to evict; a worker
+        fed straight by fronts may never turn idle under steady calls, so the one bound longest
+        ago is drained (no new calls, retired once its queue is done), a turn each."""
+        helps = self._makes_room(cap)
+        serving = [
+            w for w in self.workers
+            if w.state in (WorkerState.IDLE, WorkerState.BUSY) and w.tenant_id not in (None, exclude) and not w.retire_reason and helps(w)
+        ]
+        if not serving:
+            return False
+        if self.table is not None:
+            self.drain(min(serving, key=lambda w: w.bound_at), "rotated")
         return True
 
     # -- a worker's life --------------------------------------------------------------------------

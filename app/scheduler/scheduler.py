@@ -83,6 +83,13 @@ async def discover_devices(settings: Settings) -> Inventory:
     )
 
 
+@dataclass(eq=False)
+class _InLine:
+    """A call waiting for a worker to bind, by the GPU cap it needs."""
+
+    cap: int
+
+
 @dataclass
 class _Tenant:
     principal: Principal
@@ -129,6 +136,9 @@ class Scheduler:
         self._discover = None if devices is not None else (discover or discover_devices)
         self.fair = FairShare(settings.max_workers, settings.reserved_workers)
         self._changed = asyncio.Event()
+        # calls waiting for a worker to bind, in arrival order: a spare goes to the first of them
+        # it fits, so under churn no call waits out its deadline while later ones are served
+        self._line: list[_InLine] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         # who hears of a tenant's routed workers changing (a node of several fronts)
@@ -348,6 +358,8 @@ class Scheduler:
         self.pool.binders += 1  # calls waiting for a worker that none of theirs can serve
         self.pool.waiting_caps[cap] += 1
         waiting = True
+        place = _InLine(cap)
+        self._line.append(place)
         try:
             while True:
                 for w in ts.workers:
@@ -358,11 +370,20 @@ class Scheduler:
                         w.state = WorkerState.BUSY
                         return w
                 else:
+                    if not self._first_in_line(place):
+                        await self._wait_change(deadline)  # a call ahead of it takes the spare that is ready
+                        continue
                     spare = self.pool.spare_for(cap)
                     if spare is not None:
                         self.pool.binders -= 1  # has its worker: no start is needed for it
                         waiting = False
-                        if not await self._bind_spare(ts, spare, t_acquire):
+                        self._line.remove(place)  # out of line while it binds: the next may take another
+                        self._notify()
+                        try:
+                            bound = await self._bind_spare(ts, spare, t_acquire)
+                        finally:
+                            self._line.insert(0, place)  # first again if it must wait once more
+                        if not bound:
                             self.pool.binders += 1
                             waiting = True
                             continue
@@ -394,11 +415,23 @@ class Scheduler:
                             "after failed starts, and no idle worker could be evicted",
                         )
         finally:
+            self._line.remove(place)
+            if self._line:
+                self._notify()  # the next in line may take what this call left
             self.pool.waiting_caps[cap] -= 1
             if not self.pool.waiting_caps[cap]:
                 del self.pool.waiting_caps[cap]
             if waiting:
                 self.pool.binders -= 1
+
+    def _first_in_line(self, place: _InLine) -> bool:
+        """No call that came before this one could take a spare that is ready now."""
+        for ahead in self._line:
+            if ahead is place:
+                return True
+            if self.pool.spare_for(ahead.cap) is not None:
+                return False
+        return True
 
     async def _bind_spare(self, ts: _Tenant, spare: WorkerHandle, t_acquire: float) -> bool:
         """Bind a spare to the tenant; False when it died meanwhile (replaced)."""
@@ -419,6 +452,7 @@ class Scheduler:
             raise
         if self.on_bind is not None:
             self.on_bind(time.perf_counter() - t_acquire)  # waiting for a spare included
+        spare.bound_at = time.monotonic()
         ts.workers.append(spare)
         # Refill once this call has answered: spawning a process forks the api process, which
         # would otherwise land inside the cold call it serves.

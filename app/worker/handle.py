@@ -58,6 +58,7 @@ class WorkerHandle:
     kernels_version: str = ""  # content hash of the kernel sources the worker holds
     invocations: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    bound_at: float = 0.0  # monotonic time of its binding to its tenant
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     retire_reason: str | None = None
     proc: asyncio.subprocess.Process | ForkedProcess | None = None

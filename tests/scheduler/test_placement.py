@@ -1,6 +1,6 @@
 """Workers over several devices, with real (CPU) worker processes and a fake inventory of GPUs:
 placement, context ceilings (configured and learned), eviction, spares ahead of need, start
-back-off, bounded parallel starts, and NoCapacity within the queue wait."""
+back-off, bounded parallel starts, and waits for a busy device within a call's deadline."""
 
 from __future__ import annotations
 
@@ -139,19 +139,36 @@ async def test_a_spare_is_made_ahead_of_need_when_every_device_is_full(app_facto
         assert s.restarts["evicted"] == 2  # c's call took a spare: nothing evicted on its path
 
 
-async def test_with_nothing_idle_a_call_gets_no_capacity_within_the_queue_wait(app_factory, monkeypatch, c_guest) -> None:
+async def test_with_every_device_busy_a_call_waits_for_one_within_its_deadline(app_factory, monkeypatch, c_guest) -> None:
     gpus(monkeypatch, 2, ceiling=1)
     # a spare on each device, so the two calls bind within the short queue wait
     async with app_factory(max_workers=4, warm_spares=1, queue_wait_ms=300) as (client, platform):
         s = platform.scheduler
         _, kc = await tenant_with_echo(client)
+        calls = await both_devices_busy(client, s, c_guest, 1500)
+        t0 = time.monotonic()
+        r = await echo(client, kc)  # past the queue wait: the node can serve it once a call ends
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 200 and r.content == b"hi"
+        assert 1.0 <= elapsed < 10.0, elapsed
+        assert s.restarts["evicted"] == 1  # the first worker to finish gave way
+        for call in calls:
+            assert (await call).content == b"done"
+
+
+async def test_with_every_device_busy_past_its_deadline_a_call_gets_no_capacity(app_factory, monkeypatch, c_guest) -> None:
+    gpus(monkeypatch, 2, ceiling=1)
+    async with app_factory(max_workers=4, warm_spares=1, queue_wait_ms=300) as (client, platform):
+        s = platform.scheduler
+        _, kc = await new_tenant(client, timeout_ms=800)
+        assert (await deploy(client, kc, "echo", wat("echo"))).status_code == 201
         calls = await both_devices_busy(client, s, c_guest, 3000)
         t0 = time.monotonic()
         r = await echo(client, kc)
         elapsed = time.monotonic() - t0
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_capacity"
         assert int(r.headers["retry-after"]) >= 1
-        assert 0.25 <= elapsed < 2.0, elapsed
+        assert 0.6 <= elapsed < 2.5, elapsed  # its deadline: the tenant's timeout from its arrival
         assert s.restarts["evicted"] == 0
         for call in calls:
             assert (await call).content == b"done"

@@ -1,6 +1,7 @@
 """The worker pool (app/scheduler/pool.py) on its own, with no scheduler and no processes: workers
 come from a fake factory, the scheduler's side is a recording `Hooks`. Spares up to the target per
-device, a dead worker replaced and counted, the device ceiling and max_workers, eviction."""
+device, a dead worker replaced and counted, the device ceiling and max_workers, eviction, turns
+when every slot serves."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from app.node.admission import AdmissionTable
 from app.scheduler.devices import Device, Inventory
-from app.scheduler.pool import Hooks, WorkerPool
+from app.scheduler.pool import Hooks, Progress, WorkerPool
 from app.worker.handle import WorkerHandle, WorkerState
 from tests.helpers import FakeStarts, fake_worker_factory, make_settings, until
 
@@ -112,3 +114,41 @@ async def test_eviction_picks_the_least_recently_used_idle_worker_of_another_ten
         assert p.evict_one(exclude="a") and old not in p.workers
         assert not p.evict_one(exclude="a")  # only the asking tenant's and a busy one are left
         assert p.workers == [mine, busy]
+
+
+async def test_with_every_slot_serving_the_worker_bound_longest_ago_takes_its_turn(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=3, warm_spares=3) as (p, _, seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 3, "three spares", 2)
+        p.table = AdmissionTable.create(tmp_path / "admission", fronts=1, tenants=8, workers=8)
+        fed = p.workers
+        for i, (w, tenant) in enumerate(zip(fed, "bcd", strict=True)):
+            bind(w, tenant, last_used=10.0)
+            w.state, w.slot, w.bound_at = WorkerState.BUSY, i, 5.0 - i  # fronts keep each one's queue full
+            p.table.admit(0, tenant, 1e6, 8, [i])
+        p.settings.warm_spares = 0
+        p.binders = 1  # tenant a's call waits for a worker
+        assert not p.evict_one(exclude="a")  # nothing idle
+        assert p.provide_spare(0, exclude="a") == Progress.PENDING  # not refused: a turn is coming
+        turn = fed[2]  # bound at 3.0, the longest ago
+        assert turn.retire_reason == "rotated" and turn in p.workers  # drained: its queue goes first
+        assert all(w.retire_reason is None for w in fed[:2])
+        assert p.provide_spare(0, exclude="a") == Progress.PENDING and fed[1].retire_reason is None  # one turn at a time
+        p.table.clear_worker(turn.slot)  # its queue done
+        turn.state = WorkerState.IDLE
+        p.retire_drained()
+        assert turn not in p.workers and p.restarts["rotated"] == 1 and seen.unbound == [turn]
+
+
+async def test_a_leased_worker_is_waited_for_not_drained(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=1, warm_spares=1) as (p, _, _seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 1, "a spare", 2)
+        (w,) = p.workers
+        bind(w, "b", last_used=1.0)
+        w.state = WorkerState.BUSY  # a leased call: it ends and leaves the worker idle to evict
+        p.settings.warm_spares = 0
+        p.binders = 1  # tenant a's call waits for a worker
+        assert p.provide_spare(0, exclude="a") == Progress.PENDING and w.retire_reason is None
+        w.state = WorkerState.IDLE
+        assert p.provide_spare(0, exclude="a") == Progress.AGAIN and w not in p.workers  # evicted

@@ -1,10 +1,12 @@
 """A call that needs a worker start waits for it within its own deadline (its tenant's timeout from
 its arrival), not the queue wait; it is refused at once when the measured start time cannot fit
-that, and after the queue wait when nothing can start for it (the stuck case). Workers are fakes
+that, and after the queue wait when nothing can start for it (failing starts); a busy context
+is waited for within the deadline; a ready spare goes to the first call in line. Workers are fakes
 whose starts take a set time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -13,8 +15,9 @@ import pytest
 from app.contract.errors import NoCapacity
 from app.contract.messages import Outcome
 from app.scheduler.devices import Device, Inventory
+from app.scheduler.scheduler import _InLine
 from app.worker.handle import WorkerState
-from tests.helpers import fake_node, fake_workers, principal
+from tests.helpers import fake_node, fake_workers, principal, until
 
 
 async def test_a_call_waits_for_a_start_longer_than_the_queue_wait_that_fits_its_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,15 +47,22 @@ async def test_a_call_whose_deadline_the_measured_start_time_cannot_meet_is_refu
         s.release(second, Outcome.OK)
 
 
-async def test_nothing_can_start_refuses_after_the_queue_wait_not_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_busy_context_is_waited_for_past_the_queue_wait_within_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_workers(monkeypatch, seconds=0.01)
     devices = Inventory([Device(0, "0", name="fake0", configured_ceiling=1)], 0)
     async with fake_node(tmp_path, devices=devices, max_workers=4, warm_spares=1, queue_wait_ms=200) as s:
-        busy = await s.lease(principal())  # the device's one context, running: nothing to evict
+        busy = await s.lease(principal())  # the device's one context, running: nothing idle to evict
+        asyncio.get_running_loop().call_later(0.5, s.release, busy, Outcome.OK)
         t0 = time.monotonic()
-        with pytest.raises(NoCapacity, match="context ceiling or memory budget"):
-            await s.lease(principal(timeout_ms=10_000))
-        assert 0.15 < time.monotonic() - t0 < 1.0
+        lease = await s.lease(principal(timeout_ms=10_000))  # served once the busy call ends
+        assert 0.45 < time.monotonic() - t0 < 2.0
+        assert s.restarts["evicted"] == 1
+        s.release(lease, Outcome.OK)
+        busy = await s.lease(principal())
+        t0 = time.monotonic()
+        with pytest.raises(NoCapacity, match="no worker became available in time"):
+            await s.lease(principal(timeout_ms=400))  # its deadline passes first
+        assert 0.35 < time.monotonic() - t0 < 1.5
         s.release(busy, Outcome.OK)
 
 
@@ -65,3 +75,17 @@ async def test_failing_starts_refuse_after_the_queue_wait(tmp_path: Path, monkey
             await s.lease(principal(timeout_ms=10_000))
         assert time.monotonic() - t0 < 1.5
         assert s.restarts["start_failed"] >= 1
+
+
+async def test_a_ready_spare_goes_to_the_first_call_in_line_it_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.01)
+    gib = 1 << 30
+    devices = Inventory([Device(0, "0", name="fake0", budget_bytes=4 * gib)], 0)
+    async with fake_node(tmp_path, devices=devices, max_workers=4, warm_spares=1, context_overhead_bytes=0) as s:
+        await until(lambda: s.pool.spare_for(0) is not None, "a spare")
+        big, first, later = _InLine(8 * gib), _InLine(gib), _InLine(gib)
+        s._line.extend([big, first, later])
+        assert not s._first_in_line(later)  # a call ahead of it takes the spare first
+        assert s._first_in_line(first)  # the one ahead of it needs more than the spare's device holds
+        assert s._first_in_line(big)
+        s._line.clear()
