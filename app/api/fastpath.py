@@ -11,7 +11,6 @@ alike; one that has none propagates to the server-error handler outside, as from
 from __future__ import annotations
 
 import re
-from time import perf_counter_ns
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -19,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api.errors import handle
 from app.api.routers.invoke import invoke_function, router
 from app.api.schemas import NAME_PATTERN
-from app.observability.phases import RESPOND, WHOLE_BYTES, lap
+from app.observability.phases import RESPOND, WHOLE_BYTES, clock, lap
 
 _PREFIX, _SUFFIX = "/v1/functions/", "/invoke"
 _TEMPLATE = f"{_PREFIX}{{name}}{_SUFFIX}"
@@ -45,7 +44,7 @@ class InvokeFastPath:
             response = await invoke_function(name, request)
         except Exception as exc:
             response = await handle(self.fastapi, request, exc)
-        t = perf_counter_ns()
+        t = clock()
         await response(scope, receive, send)
         if len(response.body) <= WHOLE_BYTES:  # written at once; a larger one may wait for its client
             lap(RESPOND, t)

@@ -10,14 +10,12 @@ found is left in the request's state for the route's dependency (no second looku
 
 from __future__ import annotations
 
-from time import perf_counter_ns
-
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import admit_admin, admit_tenant, cached_tenant
 from app.api.errors import handle
-from app.observability.phases import AUTH, lap
+from app.observability.phases import AUTH, clock, lap
 
 _V1, _ADMIN = "/v1/", "/v1/admin"
 
@@ -32,7 +30,7 @@ class AuthGate:
         if scope["type"] != "http" or not path.startswith(_V1):
             await self.app(scope, receive, send)
             return
-        t = perf_counter_ns()
+        t = clock()
         platform = self.fastapi.state.platform
         header = b""
         for key, value in scope["headers"]:

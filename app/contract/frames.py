@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from time import perf_counter_ns
 from typing import BinaryIO
 
 import msgspec
 
 from app.contract.messages import WorkerMessage, worker_decoder, worker_encoder
-from app.observability.phases import REPLY, WHOLE_BYTES, lap
+from app.observability.phases import REPLY, WHOLE_BYTES, clock, lap
 
 _HEAD = struct.Struct("<II")
 MAX_HEADER = 16 * 1024 * 1024
@@ -75,7 +74,7 @@ async def read_frame_async(reader: asyncio.StreamReader) -> tuple[WorkerMessage,
     """Raises asyncio.IncompleteReadError when the peer closes. The frame's reading, once its
     first bytes are in, is a front's REPLY phase (a body over WHOLE_BYTES may wait for the rest)."""
     hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))  # the wait for the peer
-    t = perf_counter_ns()
+    t = clock()
     _check(hlen, blen)
     header = _decode(await reader.readexactly(hlen))
     if blen <= WHOLE_BYTES:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from time import perf_counter_ns
 from typing import cast
 
 from app.contract.messages import ChangeKind, Outcome, Principal, Readiness, Usage, WorkerInfo
 from app.node.port import CallLease
-from app.observability.phases import ADMIT, lap
+from app.observability.phases import ADMIT, clock, lap
 from app.scheduler.leases import Lease
 from app.scheduler.scheduler import Scheduler
 
@@ -17,7 +16,7 @@ class LocalNode:
         self.scheduler = scheduler
 
     async def lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> Lease:
-        t = perf_counter_ns()
+        t = clock()
         lease = self.scheduler.lease_now(principal, check_rate)  # a warm tenant's usual call: no wait
         if lease is not None:
             lap(ADMIT, t)

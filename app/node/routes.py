@@ -21,13 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 from app.contract.errors import NoCapacity, Rejected, RejectReason
 from app.contract.frames import Payload, ProtocolError
 from app.contract.messages import Outcome, Refused, RefuseReason, Route, Run, WorkerMessage
-from app.observability.phases import SEND, lap
+from app.observability.phases import SEND, clock, lap
 from app.worker.handle import WorkerLost
 from app.worker.stats import StatsPage, run_mark
 
@@ -125,7 +124,7 @@ class DirectLease:
 
     async def _send(self, worker: RoutedWorker, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
         late: asyncio.TimerHandle | None = None
-        t = perf_counter_ns()
+        t = clock()
         try:
             async with asyncio.timeout(None) as deadline:
 

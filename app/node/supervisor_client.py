@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter_ns
 
 from app.contract.errors import NoCapacity, Rejected, RejectReason, SupervisorGone
 from app.contract.frames import Payload, ProtocolError, encode, read_frame_async
@@ -58,7 +57,7 @@ from app.contract.messages import (
 from app.node.admission import ADMISSION_FILE, AdmissionTable, Verdict
 from app.node.ipc import pack, read_message
 from app.node.routes import DirectLease, RoutedWorker
-from app.observability.phases import ADMIT, SEND, lap
+from app.observability.phases import ADMIT, SEND, clock, lap
 from app.scheduler.leases import outcome_of
 from app.worker.handle import WorkerLost
 
@@ -83,7 +82,7 @@ class _Conn:
     async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
         """Send the run; the worker's last frame and its body (Chunk frames go to `on_chunk`).
         Raises what the connection raises (OSError, EOFError, ProtocolError)."""
-        t = perf_counter_ns()
+        t = clock()
         self.writer.writelines(encode(run, body))
         lap(SEND, t)
         await self.writer.drain()
@@ -326,7 +325,7 @@ class SupervisorClient:
             if not isinstance(msg, Granted):
                 raise self._refused(msg)
             return RemoteLease(self, msg)
-        t = perf_counter_ns()
+        t = clock()
         workers = self._routes.get(principal.id)
         slot, queue_slot, depth = self._admit(principal, workers)
         if workers:

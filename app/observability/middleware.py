@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from time import perf_counter_ns
+import time
 from typing import Any
 
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
-from app.observability.phases import METRICS, lap
+from app.observability.phases import METRICS, clock, lap
 
 log = logging.getLogger("tensorwasm.access")
 
@@ -64,14 +64,14 @@ class ObservabilityMiddleware:
                 message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
-        t0 = perf_counter_ns()
+        t0 = time.perf_counter()
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            t = perf_counter_ns()
+            elapsed = time.perf_counter() - t0
+            t = clock()
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            elapsed = (t - t0) / 1e9
             method = scope["method"]
             m = self.metrics
             m.child(m.http_requests, method, template, str(status)).inc()

@@ -1,8 +1,9 @@
 """Where a front's CPU goes on the invoke path, phase by phase, always on.
 
-Each phase is timed with `perf_counter_ns()` around a stretch of the front's own code that waits
-for nothing, so its wall time is this process's CPU, and added to this process's totals: plain
-ints in a list (one event loop per process: no lock), no metric call per call. `PhaseCounters`
+Each phase is timed with `clock()` around a stretch of the front's own code that waits for
+nothing, so its time is this process's CPU (with the wall clock: unless the process was preempted
+in it, see PhaseClock), and added to this process's totals: plain ints in a list (one event loop
+per process: no lock), no metric call per call. `PhaseCounters`
 (app/observability/phase_metrics.py) publishes the totals as counters once a second and at each
 scrape, and `bench invoke` prints them per call beside the fronts' CPU per call.
 
@@ -13,12 +14,27 @@ module names below: `Phase.X` costs ~100 ns on Python 3.11, a module name ~20.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Coroutine, Generator
-from enum import IntEnum
-from time import perf_counter_ns
+from enum import IntEnum, StrEnum
+from time import perf_counter_ns, thread_time_ns
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+class PhaseClock(StrEnum):
+    # wall time: a reading costs tens of ns. A front preempted inside a stretch counts the time it
+    # did not run: rare with a core to spare, but on a host whose cores are all busy a write that
+    # wakes its peer (a run's frame to the worker, an answer to the client) often hands it this core
+    WALL = "wall"
+    # this thread's CPU time: exact however busy the host, but a reading is a system call
+    # (~0.2-1 µs): for profiling (`bench invoke` runs its node with it), not always on
+    CPU = "cpu"
+
+
+CLOCK = PhaseClock(os.environ.get("TENSORWASM_PHASE_CLOCK", PhaseClock.WALL))  # once per process, at its start
+clock = thread_time_ns if CLOCK == PhaseClock.CPU else perf_counter_ns
 
 PUBLISH_S = 1.0  # how often a front publishes its totals (and so how stale another front's may be)
 
@@ -65,9 +81,9 @@ _calls = 0
 
 
 def lap(phase: Phase, since: int) -> int:
-    """Add the time since `since` (a `perf_counter_ns()` reading) to `phase`; returns now, the
-    start of the next stretch."""
-    now = perf_counter_ns()
+    """Add the time since `since` (a `clock()` reading) to `phase`; returns now, the start of the
+    next stretch."""
+    now = clock()
     _ns[phase] += now - since
     return now
 
@@ -105,7 +121,7 @@ class _Steps(Generic[T]):
     def __await__(self) -> Generator[Any, Any, T]:
         coro, value, error = self.coro, None, None
         while True:
-            t = perf_counter_ns()
+            t = clock()
             try:
                 signal = coro.send(value) if error is None else coro.throw(error)
             except StopIteration as done:

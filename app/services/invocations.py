@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from time import perf_counter_ns
 from typing import Any
 
 from app.contract.errors import HardTimeout, Rejected, WorkerCrashed
@@ -26,7 +25,7 @@ from app.errors import NotFound
 from app.node.port import NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
-from app.observability.phases import LOOKUP, METRICS, RECORD, RELEASE, SEND, lap
+from app.observability.phases import LOOKUP, METRICS, RECORD, RELEASE, SEND, clock, lap
 from app.observability.tracing import Tracing
 from app.queue.states import InvocationStatus
 from app.scheduler.leases import KernelSet, outcome_of
@@ -141,7 +140,7 @@ class Executor:
         self.tracing = tracing
 
     async def lookup(self, tenant: Principal, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
-        t = perf_counter_ns()
+        t = clock()
         cached = self.functions.cached(tenant.id, name) if version is None else None
         if cached is not None:
             lap(LOOKUP, t)
@@ -158,19 +157,19 @@ class Executor:
     ) -> Execution:
         """`version`: the one the call pinned (X-Function-Version), else the active one."""
         meta, kernels = await self.lookup(tenant, name, version)
-        t = perf_counter_ns()
+        t = clock()
         run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
         run.stream = on_chunk is not None
         run.kernels_version = kernels.version
         started = datetime.now(UTC)
-        t0 = t  # the call's start here, for its duration
+        t0 = time.perf_counter()
         hard_timeout = (run.timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
 
         def ended(status: InvocationStatus, host: HostCounts | None = None, **kw: Any) -> Execution:
-            now = perf_counter_ns()
-            seconds = (now - t0) / 1e9
+            seconds = time.perf_counter() - t0
+            t = clock()
             self.metrics.invocation(tenant.name, name, status.value, seconds, host)
-            lap(METRICS, now)
+            lap(METRICS, t)
             kw["error"] = bounded_error(kw.get("error"))
             if status != InvocationStatus.SUCCEEDED:
                 log.info("invocation %s of %s ended %s: %s", invocation_id, name, status.value, kw.get("error"))
@@ -205,11 +204,12 @@ class Executor:
         on_chunk: Callable[[Payload], None] | None,
     ) -> tuple[Result, Payload]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
-        t0 = perf_counter_ns()
+        t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
-        leased = perf_counter_ns()
-        self.metrics.waited(tenant.name, (leased - t0) / 1e9)
-        lap(METRICS, leased)
+        leased = time.perf_counter()
+        t = clock()
+        self.metrics.waited(tenant.name, leased - t0)
+        lap(METRICS, t)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
             if lease.kernels_version != kernels.version:
@@ -229,7 +229,7 @@ class Executor:
                 # the caller went away mid-call: its guest is stopped and the lease released
                 # once the worker answers, so a tenant's disconnects cost no worker starts
                 outcome = None
-                self.node.stop(lease, max(0.0, hard_timeout - (perf_counter_ns() - leased) / 1e9), kernels.version)
+                self.node.stop(lease, max(0.0, hard_timeout - (time.perf_counter() - leased)), kernels.version)
                 raise
             except TimeoutError:
                 outcome = Outcome.HARD_TIMEOUT
@@ -241,13 +241,13 @@ class Executor:
             if not isinstance(reply, Result):
                 log.error("worker answered a run with %s", reply)
                 raise WorkerCrashed()
-            t = perf_counter_ns()
+            t = clock()
             self.metrics.ran(tenant.name, reply.duration_ms / 1000)
             lap(METRICS, t)
             return reply, out
         finally:
             if outcome is not None:
-                t = perf_counter_ns()
+                t = clock()
                 self.node.release(lease, outcome, kernels.version)
                 lap(RELEASE, t)
 
@@ -304,6 +304,6 @@ class InvokeService:
         return InvokeOutcome(invocation_id, http, b"", "", err)
 
     def _record(self, tenant: Principal, name: str, invocation_id: str, created: datetime, values: dict[str, Any]) -> None:
-        t = perf_counter_ns()
+        t = clock()
         self.recorder.record({"id": invocation_id, "tenant_id": tenant.id, "function": name, "created_at": created, **values})
         lap(RECORD, t)

@@ -16,7 +16,7 @@ from enum import StrEnum
 
 from app.contract.frames import Payload, ProtocolError, encode, read_frame_async
 from app.contract.messages import Bind, Chunk, DeviceInfo, Done, Ready, StartRefusal, WorkerMessage
-from app.observability.phases import SEND, lap
+from app.observability.phases import SEND, clock, lap
 from app.runtime.environment import tenant_process_env
 from app.settings import Settings
 from app.worker.forkserver import ForkedProcess, ForkServer
@@ -125,7 +125,7 @@ class WorkerHandle:
         """Send one request and return its reply; `Chunk` frames before it go to `on_chunk`."""
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            t = time.perf_counter_ns()
+            t = clock()
             self.proc.stdin.writelines(encode(header, body))
             lap(SEND, t)  # a call's run in a one-process node (a supervisor publishes no phases)
             await self.proc.stdin.drain()

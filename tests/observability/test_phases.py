@@ -26,7 +26,7 @@ from tests.helpers import ROOT, deploy, new_tenant, wat
 def ticks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A clock that moves one nanosecond per reading: a stretch costs what it reads, not what it waits."""
     clock = itertools.count(10**12)
-    monkeypatch.setattr(phases, "perf_counter_ns", lambda: next(clock))
+    monkeypatch.setattr(phases, "clock", lambda: next(clock))
 
 
 def _spent(before: tuple[int, ...], phase: Phase) -> int:
@@ -80,6 +80,21 @@ async def test_steps_passes_on_errors_and_lets_the_coroutine_handle_its_cancella
     await started.wait()
     task.cancel()
     assert await task == "stopped"
+
+
+def _probe_clock(setting: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TENSORWASM_PHASE_CLOCK"} | {"PYTHONPATH": str(ROOT)}
+    if setting is not None:
+        env["TENSORWASM_PHASE_CLOCK"] = setting
+    probe = "import time; from app.observability import phases; print(phases.CLOCK, phases.clock is time.thread_time_ns)"
+    return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_clock_is_wall_time_unless_the_process_starts_with_the_cpu_clock() -> None:
+    assert _probe_clock(None).stdout.split() == ["wall", "False"]
+    assert _probe_clock("cpu").stdout.split() == ["cpu", "True"]
+    refused = _probe_clock("sundial")
+    assert refused.returncode != 0 and "sundial" in refused.stderr
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -5,7 +5,6 @@ microseconds per request)."""
 from __future__ import annotations
 
 import asyncio
-from time import perf_counter_ns
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -19,7 +18,7 @@ from app.api.media import safe_media_type
 from app.api.routers.functions import NameParam
 from app.api.routers.stream import invoke_streaming, stream_kind
 from app.api.streaming import SlicedResponse
-from app.observability.phases import BODY, WATCH, WHOLE_BYTES, answered, lap
+from app.observability.phases import BODY, WATCH, WHOLE_BYTES, answered, clock, lap
 from app.platform import Platform
 from app.services.invocations import InvokeService
 
@@ -53,7 +52,7 @@ router = APIRouter(prefix="/v1/functions", tags=["functions"])
 async def invoke_function(name: NameParam, request: Request) -> Response:
     platform: Platform = request.app.state.platform
     tenant = await authenticate_tenant(request, platform)
-    t = perf_counter_ns()
+    t = clock()
     args = call_args(request)
     version = call_version(request)
     with platform.bodies.hold(tenant.id) as hold:
@@ -62,7 +61,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
         if stream is not None:
             return await invoke_streaming(platform, tenant, name, body, request, stream, args, version)
         # a larger body's transfer may have been waited for: the phases time CPU
-        t = lap(BODY, t) if len(body) <= WHOLE_BYTES else perf_counter_ns()
+        t = lap(BODY, t) if len(body) <= WHOLE_BYTES else clock()
         call = asyncio.current_task()
         assert call is not None
         watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
@@ -78,7 +77,7 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
             call.uncancel()
             return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
         finally:
-            t = perf_counter_ns()
+            t = clock()
             watcher.cancel()
             t = lap(WATCH, t)
         headers = {"X-Invocation-Id": outcome.invocation_id}
