@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.bench.cpu import HostCpu, Role, RoleCpu
-from app.bench.invoke import _report
+from app.bench.invoke import _phase_summary, _report
 from app.bench.observed import FrontPhases, Slow, Split, Stalls, front_phases, replaced, scrape, slow_calls, split, stalls
 from app.bench.wrk import WrkResult
 from app.observability.phases import Phase
@@ -228,6 +228,9 @@ def test_the_fronts_cpu_per_call_is_split_by_phase_from_the_nodes_counters(capsy
     assert _line(out, "  record_write").split()[-2:] == ["10.0", "(10.0%)"]
     assert _line(out, "  all phases").split()[-2:] == ["17.0", "(17.0%)"]
     assert _line(out, "  other: HTTP server, ASGI, event loop, middleware").split()[-2:] == ["83.0", "(83.0%)"]
+    summary = _phase_summary(run, 100.0)  # --json
+    assert summary["calls"] == 10_000 and summary["fronts_cpu_us"] == 100.0
+    assert summary["us_per_call"]["send"] == pytest.approx(5.0) and summary["other_us"] == pytest.approx(83.0)
     # a one-process node: its first process is its front
     _report(_results([3.0]), 1, 8, cpu_use={256: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 50.0, 0.9)}}, phases={256: run})
     assert _line(capsys.readouterr().out, "  other").split()[-2:] == ["33.0", "(66.0%)"]
