@@ -131,7 +131,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         freeze_startup_heap()
     stalls = StallWatch(metrics.loop_lag, metrics.gc_pause)
     stalls.start()
-    metrics.front_phases.start()
+    metrics.start()  # publishes held counts and phase totals once a second
     try:
         yield
     finally:
@@ -143,7 +143,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await refresher.stop()
         await sandbox.stop()
         await recorder.stop()
-        await metrics.front_phases.stop()  # after the last record batch: its write is counted
+        await metrics.stop()  # after the last record batch: its write is counted
         if scheduler is not None:
             await scheduler.stop()
         if client is not None:

@@ -50,7 +50,7 @@ BODY = "hello"
 
 # After a run: its last records are written by then (a batch every 0.2 s), so their CPU is the run's...
 _WRITTEN_S = 0.5
-# ... and every front has published its phase totals (the scraped front publishes its own then)
+# ... and every front has published its held counts and phase totals (the scraped one does at once)
 _PUBLISHED_S = PUBLISH_S + 0.5
 
 
@@ -111,8 +111,10 @@ def bench_invoke(args: argparse.Namespace) -> int:
         url = f"{base}/v1/functions/echo/invoke"
         hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
         _post(url, 8, 2, hot)  # binds the tenant's workers
+        time.sleep(_PUBLISHED_S)  # every scrape below waits for the fronts' held counts
         before = observed.scrape(client)
         res["node_c1"] = _post(url, 1, secs, hot)
+        time.sleep(_PUBLISHED_S)
         c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
         c32_split: observed.Split | None = None
         phases: dict[int, observed.FrontPhases] = {}
@@ -141,6 +143,7 @@ def bench_invoke(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         client.post("/v1/functions/echo/invoke", content=BODY, headers=quiet).raise_for_status()
         after_idle_ms = (time.perf_counter() - t0) * 1000
+        time.sleep(_PUBLISHED_S)
         first = after = observed.scrape(client)
         slow: list[observed.Slow] = []
         stalls: list[observed.Stalls] = []
@@ -149,12 +152,15 @@ def bench_invoke(args: argparse.Namespace) -> int:
             # its unloaded p99 again, just before: a host drifts within minutes (H200 hosts: 1.5
             # to 3.8 ms alone), so each flood run is judged against the baseline next to it
             res[f"quiet_alone_before{tag}"] = _post(url, 1, secs, quiet, True)
+            time.sleep(_PUBLISHED_S)
             before, host_before = observed.scrape(client), cpu.HostCpu.read()
             with ThreadPoolExecutor(2) as pool:
                 over = pool.submit(_post, url, 4 * q, secs, flood)
                 beside = pool.submit(_post, url, 1, secs, quiet, True)
                 res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
-            after, host_after = observed.scrape(client), cpu.HostCpu.read()
+            host_after = cpu.HostCpu.read()
+            time.sleep(_PUBLISHED_S)
+            after = observed.scrape(client)
             slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
             stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
         replaced = observed.replaced(after) - observed.replaced(first)

@@ -11,6 +11,8 @@ live gauges (GPU bytes in use) are read at scrape time from each worker's shared
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,9 @@ from prometheus_client.registry import Collector
 
 from app.api.edge import EdgeEvent
 from app.contract.messages import HostCounts
+from app.observability.pending import Pending
 from app.observability.phase_metrics import PhaseCounters
+from app.observability.phases import PUBLISH_S
 from app.observability.stalls import stall_histograms
 from app.sandbox.errors import CompileOutcome
 from app.sandbox.pool import JobKind
@@ -132,6 +136,9 @@ class Metrics:
                 self.compiles.labels(kind, outcome)  # every series exists from the start
         # label children by label values: `labels()` locks and rebuilds its key on every call
         self._children: dict[tuple[object, ...], object] = {}
+        # the invoke path's counts, held until the next publication (app/observability/pending.py)
+        self.pending = Pending()
+        self._publisher: asyncio.Task[None] | None = None
 
     def child(self, metric: object, *values: str) -> Any:
         key = (id(metric), *values)
@@ -153,8 +160,28 @@ class Metrics:
         self.child(self.compiles, kind, outcome).inc()
         self.child(self.compile_seconds, kind).observe(seconds)
 
+    def publish(self) -> None:
+        """This process's held counts and phase totals, into their series."""
+        self.pending.publish()
+        self.front_phases.publish()
+
+    def start(self) -> None:
+        self._publisher = asyncio.get_running_loop().create_task(self._publish_loop())
+
+    async def stop(self) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+        self.publish()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PUBLISH_S)
+            self.publish()
+
     def render(self) -> bytes:
-        self.front_phases.publish()  # this front's totals up to now; the others' are at most PUBLISH_S old
+        self.publish()  # this front's counts up to now; the others' are at most PUBLISH_S old
         if not self.multiprocess:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
@@ -186,17 +213,22 @@ class Metrics:
         self.node_info.labels(runner.node_id, runner.heartbeat.host).set(1)
 
     def waited(self, tenant: str, seconds: float) -> None:
-        self.child(self.wait_seconds, tenant).observe(seconds)
+        self.pending.observe(self.child(self.wait_seconds, tenant), seconds)
 
     def ran(self, tenant: str, seconds: float) -> None:
-        self.child(self.run_seconds, tenant).observe(seconds)
+        self.pending.observe(self.child(self.run_seconds, tenant), seconds)
+
+    def request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """An HTTP request answered (or abandoned), by its route's template."""
+        self.pending.inc(self.child(self.http_requests, method, route, str(status)))
+        self.pending.observe(self.child(self.http_seconds, method, route), seconds)
 
     def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: HostCounts | None) -> None:
-        self.child(self.invocations, tenant, function, outcome).inc()
-        self.child(self.invocation_seconds, tenant).observe(seconds)
+        self.pending.inc(self.child(self.invocations, tenant, function, outcome))
+        self.pending.observe(self.child(self.invocation_seconds, tenant), seconds)
         if host:
             if host.launches:
-                self.child(self.kernel_launches, tenant).inc(host.launches)
+                self.pending.inc(self.child(self.kernel_launches, tenant), host.launches)
             if host.compile_hits:
                 self.compile_cache.labels("hit").inc(host.compile_hits)
             if host.compile_misses:

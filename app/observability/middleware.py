@@ -73,9 +73,7 @@ class ObservabilityMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = scope["method"]
-            m = self.metrics
-            m.child(m.http_requests, method, template, str(status)).inc()
-            m.child(m.http_seconds, method, template).observe(elapsed)
+            self.metrics.request(method, template, status, elapsed)
             lap(METRICS, t)
             if self.access_log and log.isEnabledFor(logging.INFO):  # one line per request, once answered (or abandoned)
                 log.info("%s %s %d %.1fms tenant=%s", method, template, status, elapsed * 1000, _tenant(scope) or "-")

@@ -1,14 +1,11 @@
 """The front's phase totals (app/observability/phases.py) as Prometheus counters.
 
-They are published as increments since the last publication, once a second and at each scrape,
-so a plain counter does the adding: in a node of several fronts each front's increments go to the
-node's multiprocess directory and one scrape of any front shows their sum.
+They are published as increments since the last publication (`Metrics.publish`: once a second
+and at each scrape), so a plain counter does the adding: in a node of several fronts each front's
+increments go to the node's multiprocess directory and one scrape of any front shows their sum.
 """
 
 from __future__ import annotations
-
-import asyncio
-import contextlib
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -25,7 +22,6 @@ class PhaseCounters:
         self.calls = Counter(CALLS, "Synchronous invoke calls answered, over which the phases are spread", registry=registry)
         self.by_phase = [seconds.labels(p.label) for p in Phase]  # every phase present from the start
         self._ns, self._calls = phases.totals()  # this registry counts from here on
-        self._task: asyncio.Task[None] | None = None
 
     def publish(self) -> None:
         ns, calls = phases.totals()
@@ -35,18 +31,3 @@ class PhaseCounters:
         if calls > self._calls:
             self.calls.inc(calls - self._calls)
         self._ns, self._calls = ns, calls
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self.publish()
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(phases.PUBLISH_S)
-            self.publish()

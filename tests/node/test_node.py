@@ -294,7 +294,13 @@ async def test_metrics_are_node_wide(node: tuple[Any, str]) -> None:
             async with only(front, [a, b]), http(base) as client:
                 for _ in range(calls):
                     assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code == 200
-        text = (await admin.get("/metrics")).text
+
+        async def all_seven() -> str | None:
+            # a front publishes the counts it holds once a second (and the scraped one at once)
+            text = (await admin.get("/metrics")).text
+            return text if samples(text, "tensorwasm_invocation_run_seconds_count", tenant=tenant) == 7 else None
+
+        text = await until(all_seven, "both fronts' counts in one scrape", 10)
     assert samples(text, "tensorwasm_invocations_total", tenant=tenant, outcome="succeeded") == 7
     assert samples(text, "tensorwasm_invocation_duration_seconds_count", tenant=tenant) == 7
     # where each call's time went, from both fronts: its wait for a lease and its guest's run

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from app.db.session import sync_url
+from app.observability.phases import PUBLISH_S
 from app.settings import Settings
 from tests.helpers import ADMIN, Node, fresh_database, fresh_postgres_database, wat
 
@@ -104,7 +105,9 @@ def test_two_nodes_on_postgres_run_each_invocation_once(tmp_path: Path) -> None:
         for inv, body in ids.items():
             wait_for(a, key, inv, "succeeded")
             assert httpx.get(f"{b.url}/v1/invocations/{inv}/output", headers=key).content == body
-        # each ran exactly once: the two nodes' execution counters add up to the submissions
+        # each ran exactly once: the two nodes' execution counters add up to the submissions (a
+        # front publishes its counts once a second: read them once every front has)
+        time.sleep(PUBLISH_S + 0.5)
         assert _executed(a, name) + _executed(b, name) == n
         engine = create_engine(sync_url(url))
         with engine.connect() as c:
