@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -39,6 +39,11 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 _TICK_S = 1.0  # how often a body's rate is checked
+
+
+# A request's scope key: present (None) on requests this edge serves; a request that sets it to a
+# callable is told, once, when its client goes away before the answer is complete.
+ON_CLIENT_GONE = "tensorwasm.on_client_gone"
 
 
 class EdgeEvent(StrEnum):
@@ -132,7 +137,19 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
         self._stop_body()
+        self._client_gone()
         super().connection_lost(exc)
+
+    def _client_gone(self) -> None:
+        """Tell the request in progress, if it asked (`ON_CLIENT_GONE`): no task of its own has to
+        wait on `receive` for the disconnect."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            scope = cast(dict[str, Any], cycle.scope)  # uvicorn types it as the ASGI keys alone
+            gone = scope.get(ON_CLIENT_GONE)
+            if gone is not None:
+                scope[ON_CLIENT_GONE] = None  # once
+                gone()
 
     def _refuse(self, response: bytes) -> None:
         self._stop_waiting()
@@ -141,6 +158,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's request sees the client gone, and writes nothing
             cycle.message_event.set()
+            self._client_gone()
             if cycle.response_started:
                 response = b""
         if not self.transport.is_closing():
@@ -204,8 +222,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_head = False
         self._stop_waiting()
         super().on_headers_complete()
-        if self.cycle is not None and self.cycle.scope["method"] != "HEAD":  # a HEAD answer has no body write to join
-            self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]
+        if self.cycle is not None:
+            cast(dict[str, Any], self.cycle.scope)[ON_CLIENT_GONE] = None  # served by this edge: a request may ask to be told
+            if self.cycle.scope["method"] != "HEAD":  # a HEAD answer has no body write to join
+                self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]
         if self.limits.min_body_rate and not self.parser.should_upgrade():
             # timed from the end of this read, and only if the body has not all come with it
             self._in_body, self._body_bytes, self._body_open_s = True, 0, 0.0

@@ -5,6 +5,7 @@ microseconds per request)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -13,6 +14,7 @@ from starlette.types import Receive
 from app.api.body import read_limited
 from app.api.call_args import call_args, call_version
 from app.api.deps import TENANT_SECURITY, authenticate_tenant
+from app.api.edge import ON_CLIENT_GONE
 from app.api.errors import CLIENT_CLOSED, error_responses
 from app.api.media import safe_media_type
 from app.api.routers.functions import NameParam
@@ -64,21 +66,20 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
         t = lap(BODY, t) if len(body) <= WHOLE_BYTES else clock()
         call = asyncio.current_task()
         assert call is not None
-        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, call))
+        watch = _Disconnect(request, call)
         lap(WATCH, t)
         service = InvokeService(platform.executor, platform.recorder)
+        query = request.scope["query_string"].decode("latin-1")
         try:
-            outcome = await service.invoke(
-                tenant, name, body, request.url.query, request.headers.get("content-type", ""), args, version
-            )
+            outcome = await service.invoke(tenant, name, body, query, request.headers.get("content-type", ""), args, version)
         except asyncio.CancelledError:
-            if not watcher.done() or watcher.cancelled():
+            if not watch.gone:
                 raise  # not ours: the server is stopping
             call.uncancel()
             return Response(status_code=CLIENT_CLOSED)  # recorded `client_closed`; no one reads this
         finally:
             t = clock()
-            watcher.cancel()
+            watch.stop()
             t = lap(WATCH, t)
         headers = {"X-Invocation-Id": outcome.invocation_id}
         response: Response
@@ -90,11 +91,34 @@ async def invoke_function(name: NameParam, request: Request) -> Response:
         return response
 
 
-async def _cancel_on_disconnect(receive: Receive, call: asyncio.Task[object]) -> None:
-    """Cancel the call when its client goes away, which stops the guest and frees its worker.
-    The body is read by now, so the next ASGI message is the disconnect."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            call.cancel()
-            return
+class _Disconnect:
+    """Cancels the call when its client goes away, which stops the guest and frees its worker.
+    Behind the node's edge it asks to be told (`ON_CLIENT_GONE`, no task of its own); elsewhere a
+    task waits on `receive`: the body is read by now, so the next message is the disconnect."""
+
+    __slots__ = ("_call", "_scope", "_task", "gone")
+
+    def __init__(self, request: Request, call: asyncio.Task[Any]) -> None:
+        self._call = call
+        self._scope = request.scope
+        self._task: asyncio.Task[None] | None = None
+        self.gone = False
+        if ON_CLIENT_GONE in self._scope:
+            self._scope[ON_CLIENT_GONE] = self._cancel
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._wait(request.receive))
+
+    def _cancel(self) -> None:
+        self.gone = True
+        self._call.cancel()
+
+    async def _wait(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._cancel()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        elif self._scope.get(ON_CLIENT_GONE) is not None:
+            self._scope[ON_CLIENT_GONE] = None
