@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 _TICK_S = 1.0  # how often a body's rate is checked
 
 
-# A request's scope key: present (None) on requests this edge serves; a request that sets it to a
-# callable is told, once, when its client goes away before the answer is complete.
+# A request's scope key: on requests this edge serves, a function that takes a callable and
+# calls it, once, when the client goes away before the answer is complete.
 ON_CLIENT_GONE = "tensorwasm.on_client_gone"
 
 
@@ -108,6 +108,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_body = False  # between a head and the end of its body
         self._body_bytes = 0
         self._body_open_s = 0.0
+        self._gone: tuple[Any, Callable[[], None]] | None = None  # the request told when its client goes
 
     def _tell(self, event: EdgeEvent) -> None:
         for listener in self.listeners:
@@ -140,16 +141,24 @@ class EdgeProtocol(HttpToolsProtocol):
         self._client_gone()
         super().connection_lost(exc)
 
+    def _tell_when_gone(self, cycle: Any, callback: Callable[[], None] | None) -> None:
+        """`ON_CLIENT_GONE` of the request `cycle` serves: no task of its own has to wait on
+        `receive` for the disconnect. None: the request no longer asks."""
+        self._gone = (cycle, callback) if callback is not None else None
+        if callback is None:
+            return
+        if cycle.disconnected:  # gone already (while its body was read)
+            self._client_gone()
+        else:
+            # as `receive` would: a body over the transport's high-water mark paused reading,
+            # and only reading sees the client close
+            self.flow.resume_reading()
+
     def _client_gone(self) -> None:
-        """Tell the request in progress, if it asked (`ON_CLIENT_GONE`): no task of its own has to
-        wait on `receive` for the disconnect."""
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            scope = cast(dict[str, Any], cycle.scope)  # uvicorn types it as the ASGI keys alone
-            gone = scope.get(ON_CLIENT_GONE)
-            if gone is not None:
-                scope[ON_CLIENT_GONE] = None  # once
-                gone()
+        """Tell the request in progress, if it asked: once, and only while its answer is not complete."""
+        gone, self._gone = self._gone, None
+        if gone is not None and gone[0] is self.cycle and not gone[0].response_complete:
+            gone[1]()
 
     def _refuse(self, response: bytes) -> None:
         self._stop_waiting()
@@ -223,7 +232,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._stop_waiting()
         super().on_headers_complete()
         if self.cycle is not None:
-            cast(dict[str, Any], self.cycle.scope)[ON_CLIENT_GONE] = None  # served by this edge: a request may ask to be told
+            cycle = self.cycle  # uvicorn types its scope as the ASGI keys alone
+            cast(dict[str, Any], cycle.scope)[ON_CLIENT_GONE] = lambda callback: self._tell_when_gone(cycle, callback)
             if self.cycle.scope["method"] != "HEAD":  # a HEAD answer has no body write to join
                 self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]
         if self.limits.min_body_rate and not self.parser.should_upgrade():

@@ -5,6 +5,7 @@ microseconds per request)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -96,15 +97,15 @@ class _Disconnect:
     Behind the node's edge it asks to be told (`ON_CLIENT_GONE`, no task of its own); elsewhere a
     task waits on `receive`: the body is read by now, so the next message is the disconnect."""
 
-    __slots__ = ("_call", "_scope", "_task", "gone")
+    __slots__ = ("_call", "_task", "_tell", "gone")
 
     def __init__(self, request: Request, call: asyncio.Task[Any]) -> None:
         self._call = call
-        self._scope = request.scope
+        self._tell: Callable[[Callable[[], None] | None], None] | None = request.scope.get(ON_CLIENT_GONE)
         self._task: asyncio.Task[None] | None = None
         self.gone = False
-        if ON_CLIENT_GONE in self._scope:
-            self._scope[ON_CLIENT_GONE] = self._cancel
+        if self._tell is not None:
+            self._tell(self._cancel)
         else:
             self._task = asyncio.get_running_loop().create_task(self._wait(request.receive))
 
@@ -120,5 +121,5 @@ class _Disconnect:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        elif self._scope.get(ON_CLIENT_GONE) is not None:
-            self._scope[ON_CLIENT_GONE] = None
+        elif self._tell is not None:
+            self._tell(None)
