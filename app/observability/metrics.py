@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from app.db.repositories.invocations import Recovered
     from app.queue.runner import QueueRunner
     from app.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OUTCOMES = ("succeeded", "guest_error", "timeout", "output_limit", "device_error", "worker_crashed", "internal_error")
@@ -178,7 +181,10 @@ class Metrics:
     async def _publish_loop(self) -> None:
         while True:
             await asyncio.sleep(PUBLISH_S)
-            self.publish()
+            try:
+                self.publish()
+            except Exception:  # a metric is never worth a front's shutdown or its later counts
+                log.exception("publishing metrics failed")
 
     def render(self) -> bytes:
         self.publish()  # this front's counts up to now; the others' are at most PUBLISH_S old

@@ -10,8 +10,11 @@ front sees another front's at most `PUBLISH_S` late.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class _Observed:
@@ -53,15 +56,23 @@ class Pending:
         held.buckets[bisect_left(held.bounds, value)] += 1  # the first bucket whose bound is >= value
 
     def publish(self) -> None:
+        """Everything held, into its series; a series that fails (its file could not grow) is
+        logged and the rest still published."""
         counts, self._counts = self._counts, {}
         for child, amount in counts.items():
-            child.inc(amount)
+            try:
+                child.inc(amount)
+            except Exception:
+                log.exception("publishing a count failed")
         for child, held in self._observed.items():
             if held is None or not any(held.buckets):
                 continue
-            for i, n in enumerate(held.buckets):
-                if n:
-                    child._buckets[i].inc(n)
-                    held.buckets[i] = 0
-            child._sum.inc(held.total)
-            held.total = 0.0
+            buckets, total = held.buckets, held.total
+            held.buckets, held.total = [0] * len(buckets), 0.0
+            try:
+                for i, n in enumerate(buckets):
+                    if n:
+                        child._buckets[i].inc(n)
+                child._sum.inc(total)
+            except Exception:
+                log.exception("publishing an observation failed")

@@ -319,11 +319,14 @@ class WorkerPool:
         return True
 
     def rotate_one(self, exclude: str, cap: int = 0) -> bool:
-        """Every worker that could make room serves another tenant, each holding one: the call
-        can still be served once one of them lets go, so it waits within its deadline rather
-        than being refused. A leased call ends and leaves its worker idle to evict; a worker
-        fed straight by fronts may never turn idle under steady calls, so the one bound longest
-        ago is drained (no new calls, retired once its queue is done), a turn each."""
+        """A tenant that holds no worker waits while every worker that could make room serves
+        another tenant, each holding one: the call can still be served once one of them lets go,
+        so it waits within its deadline rather than being refused. Under steady calls a busy
+        worker never turns idle (its tenant's next call takes it at once), so the one bound
+        longest ago is drained: no new calls, retired once what it runs or has queued is done,
+        a turn each. A tenant that holds a worker waits for its own."""
+        if any(w.tenant_id == exclude and w.state != WorkerState.DEAD for w in self.workers):
+            return False
         helps = self._makes_room(cap)
         serving = [
             w for w in self.workers
@@ -331,8 +334,7 @@ class WorkerPool:
         ]
         if not serving:
             return False
-        if self.table is not None:
-            self.drain(min(serving, key=lambda w: w.bound_at), "rotated")
+        self.drain(min(serving, key=lambda w: w.bound_at), "rotated")
         return True
 
     # -- a worker's life --------------------------------------------------------------------------

@@ -286,6 +286,8 @@ class Scheduler:
         if others_wait and len(ts.workers) >= self.fair.share:
             return
         cap = principal.quota.gpu_memory_bytes
+        if any(self.pool.spare_for(waiting.cap) is not None for waiting in self._line):
+            return  # a call waiting for its first worker takes a ready spare first
         spare = self.pool.spare_for(cap)
         if spare is None:
             if self.pool.start_slots() > 0 and (device := self.devices.place(cap)) is not None:
@@ -426,10 +428,14 @@ class Scheduler:
 
     def _first_in_line(self, place: _InLine) -> bool:
         """No call that came before this one could take a spare that is ready now."""
+        fits: dict[int, bool] = {}  # by cap: one look at the spares each, however long the line
         for ahead in self._line:
             if ahead is place:
                 return True
-            if self.pool.spare_for(ahead.cap) is not None:
+            ready = fits.get(ahead.cap)
+            if ready is None:
+                ready = fits[ahead.cap] = self.pool.spare_for(ahead.cap) is not None
+            if ready:
                 return False
         return True
 

@@ -151,7 +151,8 @@ async def test_with_every_device_busy_a_call_waits_for_one_within_its_deadline(a
         elapsed = time.monotonic() - t0
         assert r.status_code == 200 and r.content == b"hi"
         assert 1.0 <= elapsed < 10.0, elapsed
-        assert s.restarts["evicted"] == 1  # the first worker to finish gave way
+        # the worker bound longest ago was drained for it (or one that finished first evicted)
+        assert s.restarts["rotated"] + s.restarts["evicted"] >= 1
         for call in calls:
             assert (await call).content == b"done"
 
@@ -168,7 +169,9 @@ async def test_with_every_device_busy_past_its_deadline_a_call_gets_no_capacity(
         elapsed = time.monotonic() - t0
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_capacity"
         assert int(r.headers["retry-after"]) >= 1
-        assert 0.6 <= elapsed < 2.5, elapsed  # its deadline: the tenant's timeout from its arrival
+        # by its deadline, the tenant's timeout from its arrival (at once when the measured start
+        # time alone is longer than that: a loaded host's starts can be)
+        assert elapsed < 2.5, elapsed
         assert s.restarts["evicted"] == 0
         for call in calls:
             assert (await call).content == b"done"

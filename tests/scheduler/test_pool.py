@@ -140,15 +140,20 @@ async def test_with_every_slot_serving_the_worker_bound_longest_ago_takes_its_tu
         assert turn not in p.workers and p.restarts["rotated"] == 1 and seen.unbound == [turn]
 
 
-async def test_a_leased_worker_is_waited_for_not_drained(tmp_path: Path) -> None:
-    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=1, warm_spares=1) as (p, _, _seen):
+async def test_a_leased_worker_takes_its_turn_when_its_call_ends_and_a_tenant_with_a_worker_waits_for_its_own(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=2, warm_spares=2) as (p, _, seen):
         p.ensure_spares()
-        await until(lambda: spares(p)[0] == 1, "a spare", 2)
-        (w,) = p.workers
-        bind(w, "b", last_used=1.0)
-        w.state = WorkerState.BUSY  # a leased call: it ends and leaves the worker idle to evict
+        await until(lambda: spares(p)[0] == 2, "two spares", 2)
+        mine, theirs = p.workers
+        bind(mine, "a", last_used=1.0)
+        bind(theirs, "b", last_used=1.0)
+        mine.state = theirs.state = WorkerState.BUSY  # leased calls, b's next one queued behind
         p.settings.warm_spares = 0
-        p.binders = 1  # tenant a's call waits for a worker
-        assert p.provide_spare(0, exclude="a") == Progress.PENDING and w.retire_reason is None
-        w.state = WorkerState.IDLE
-        assert p.provide_spare(0, exclude="a") == Progress.AGAIN and w not in p.workers  # evicted
+        p.binders = 1
+        # a holds a worker: its call waits for that one, and takes nobody's turn
+        assert p.provide_spare(0, exclude="a") == Progress.NONE and theirs.retire_reason is None
+        # c holds none: the worker bound longest ago (both at 0: the first) is drained for it
+        assert p.provide_spare(0, exclude="c") == Progress.PENDING and mine.retire_reason == "rotated"
+        mine.state = WorkerState.IDLE  # its lease released: retired, not handed to a's next call
+        p.retire_drained()
+        assert mine not in p.workers and p.restarts["rotated"] == 1 and seen.unbound == [mine]
