@@ -19,6 +19,8 @@ from app.services.function_cache import FunctionCache
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 5.0  # a refresh is a few reads: one that takes longer is cancelled
+
 
 class CacheRefresher:
     def __init__(
@@ -30,12 +32,20 @@ class CacheRefresher:
         self.interval_s = ttl_s / 2
         self.keep_s = keep_s
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
+        """A refresh under way finishes first: cancelled inside its session, the connection's
+        reset on the way back to the pool is cancelled too, and logged as an error."""
+        if self._task is None:
+            return
+        self._stopping.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=STOP_WAIT_S)
+        except TimeoutError:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -47,7 +57,10 @@ class CacheRefresher:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+            if self._stopping.is_set():
+                return
             try:
                 await self.refresh()
             except Exception:  # entries then expire and calls read the database themselves

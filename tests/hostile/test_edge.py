@@ -134,8 +134,10 @@ async def test_twenty_thousand_slow_heads_leave_the_node_answering(node: tuple[A
     assert len(took) >= 10 and max(took) < 5.0 and _p90(took) < 1.0, (sorted(took)[-5:], len(took), reports)
     assert sum(r["opened"] for r in reports) >= 20_000, reports
     # the node closes a slow head the head time after its accept (the attackers' own view of it is
-    # late by their loops' lag, seconds on a busy host: measured here, from a quiet loop)
-    assert len(lived) == 20 and max(lived) < HEAD_TIMEOUT_S + 1, (lived, reports)
+    # late by their loops' lag, seconds on a busy host: measured here, from a quiet loop). A front
+    # holding tens of thousands of connections on CI's 2 cores runs its timers late: up to 1.5 s
+    # there (4.47 s lived once), so the bound allows 2 s past the head time
+    assert len(lived) == 20 and max(lived) < HEAD_TIMEOUT_S + 2, (lived, reports)
 
 
 async def test_endless_headers_are_cut_and_a_tenant_hardly_notices(node: tuple[Any, str]) -> None:

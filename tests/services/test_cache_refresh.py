@@ -113,3 +113,24 @@ async def test_an_idle_function_is_forgotten_and_the_refresher_loop_runs(client,
     cache._used[(tid, "f")] -= 120
     await cache.refresh(keep_s=60)
     assert (tid, "f") not in cache._fns
+
+
+async def test_stopping_lets_a_refresh_under_way_finish(client, platform, monkeypatch) -> None:
+    """Cancelled inside its session, a refresh's connection reset is cancelled too (logged as an
+    error at every node shutdown that lands in one); stop waits for it instead."""
+    refresher = CacheRefresher(platform.sessionmaker, AuthCache(60), FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=60), ttl_s=0.1, keep_s=60)
+    inside, finished = asyncio.Event(), []
+
+    async def slow_refresh() -> None:
+        async with platform.sessionmaker() as s:
+            inside.set()
+            await asyncio.sleep(0.2)  # mid-refresh when stop comes
+            await s.commit()
+        finished.append(True)
+
+    monkeypatch.setattr(refresher, "refresh", slow_refresh)
+    refresher.start()
+    await asyncio.wait_for(inside.wait(), 5)
+    await refresher.stop()
+    assert finished == [True]
+    assert refresher._task is not None and refresher._task.done() and not refresher._task.cancelled()
