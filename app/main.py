@@ -20,6 +20,7 @@ from app.api.gate import AuthGate
 from app.api.routers import admin, async_invoke, callbacks, functions, health, invocations, invoke, kernels, logs, secrets, usage
 from app.api.routers.invocations import callback_body
 from app.db.session import create_engine_for, create_sessionmaker
+from app.db.write_turn import WriteTurn
 from app.node.local import LocalNode
 from app.node.port import NodePort
 from app.node.startup import announce_admin_token, freeze_startup_heap, log_serving
@@ -79,7 +80,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warm=1 if client is not None else None,  # one ready compile process per front, not per slot
     )
     compiler = ModuleCompiler(ArtifactCache(settings.cache_dir), sandbox)
-    recorder = InvocationRecorder(sessionmaker, settings.record_flush_interval_s, settings.record_batch_size, settings.log_bytes_per_tenant)
+    recorder = InvocationRecorder(
+        sessionmaker, settings.record_flush_interval_s, settings.record_batch_size, settings.log_bytes_per_tenant,
+        WriteTurn.for_url(settings.resolved_database_url),
+    )
     platform = Platform(
         settings=settings,
         engine=engine,

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.db.repositories.invocations import InvocationRepository
+from app.db.write_turn import WriteTurn
 from app.observability.phases import RECORD_WRITE, add_ns, steps
 from app.services import logs
 
@@ -24,12 +25,19 @@ log = logging.getLogger(__name__)
 # so a flush sends its rows in chunks, in one transaction.
 _CHUNK = 250
 
+# How long a stopping recorder keeps trying to write what it holds (a database briefly out of
+# reach), before it gives the rest up, logged; within the 10 s a node gives a front to stop.
+STOP_FLUSH_S = 5.0
+
 
 class InvocationRecorder:
     """Buffers invocation records and writes them in batches; callers never wait on the DB."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int, log_budget: int = 0) -> None:
+    def __init__(
+        self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int, log_budget: int = 0, turn: WriteTurn | None = None
+    ) -> None:
         self.sessionmaker = sessionmaker
+        self.turn = turn or WriteTurn(None)  # the node's turns at SQLite's write lock
         self.log_budget = log_budget  # bytes of function logs kept per tenant (app/services/logs.py); 0: none written
         self.interval_s = interval_s
         self.batch = batch
@@ -56,7 +64,25 @@ class InvocationRecorder:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
-        await self.flush()
+        try:
+            await self._last_flush()
+        finally:
+            self.turn.close()
+
+    async def _last_flush(self) -> None:
+        deadline = time.monotonic() + STOP_FLUSH_S
+        while True:
+            try:
+                await self.flush()
+                return
+            except Exception:
+                if time.monotonic() >= deadline:
+                    self.dropped += len(self._pending)
+                    log.exception("%d invocation records could not be written before this process stopped", len(self._pending))
+                    self._pending = []
+                    return
+                log.warning("writing invocation records at shutdown failed; trying again", exc_info=True)
+                await asyncio.sleep(0.5)
 
     def touch_key(self, key_id: str, when: datetime) -> None:
         """Note an API key's use; `last_used_at` is written with the next batch."""
@@ -78,16 +104,19 @@ class InvocationRecorder:
                 log.exception("writing invocation records failed; will retry")
 
     async def flush(self) -> None:
-        async with self._lock:
-            # Its CPU is the front's RECORD_WRITE phase: its own steps on the event loop (calls
-            # run while it waits), and what other threads spent meanwhile (SQLite's driver
-            # runs each connection in a thread of its own; other database work at that moment
-            # counts too, rare on the call path).
-            process, loop = time.process_time_ns(), time.thread_time_ns()
-            try:
-                await steps(RECORD_WRITE, self._write())
-            finally:
-                add_ns(RECORD_WRITE, max(0, (time.process_time_ns() - process) - (time.thread_time_ns() - loop)))
+        async with self._lock:  # a caller that wants what is held written waits for a flush under way
+            if not self._pending and not self._touched:
+                return
+            async with self.turn.held():
+                # Its CPU is the front's RECORD_WRITE phase: its own steps on the event loop
+                # (calls run while it waits), and what other threads spent meanwhile (SQLite's
+                # driver runs each connection in a thread of its own; other database work at
+                # that moment counts too, rare on the call path).
+                process, loop = time.process_time_ns(), time.thread_time_ns()
+                try:
+                    await steps(RECORD_WRITE, self._write())
+                finally:
+                    add_ns(RECORD_WRITE, max(0, (time.process_time_ns() - process) - (time.thread_time_ns() - loop)))
 
     async def _write(self) -> None:
         if self._touched:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 
@@ -109,3 +110,58 @@ async def test_a_backlog_is_written_in_chunks_of_one_transaction(client, platfor
     async with platform.sessionmaker() as s:
         repo = InvocationRepository(s, tid)
         assert all([await repo.get(i) is not None for i in ids])
+
+
+async def test_stop_tries_again_when_the_last_write_fails(client, platform, monkeypatch) -> None:
+    """A database busy at shutdown (SQLite's lock, held past its wait by other fronts' last
+    batches) fails the last flush: the recorder tries again within STOP_FLUSH_S, losing nothing."""
+    from sqlalchemy.exc import OperationalError
+
+    from app.db.repositories.invocations import InvocationRepository
+
+    tid, _ = await new_tenant(client)
+    real = InvocationRepository.insert_many
+    failures = 2
+
+    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise OperationalError("INSERT", {}, Exception("database is locked"))
+        return await real(self, rows)
+
+    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    rec = InvocationRecorder(platform.sessionmaker, 60, 1000)
+    now = datetime.now(UTC)
+    ids = [uuid.uuid4().hex for _ in range(3)]  # the database is the session's: ids of their own
+    for i in ids:
+        rec.record({"id": i, "tenant_id": tid, "function": "f", "version": 1, "status": "succeeded", "started_at": now,
+                    "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None})
+    await rec.stop()
+    assert failures == 0 and rec.dropped == 0
+    async with platform.sessionmaker() as s:
+        repo = InvocationRepository(s, tid)
+        assert [await repo.get(i) is not None for i in ids] == [True] * 3
+
+
+async def test_stop_gives_up_within_its_bound_and_counts_what_it_lost(client, platform, monkeypatch, caplog) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from app.db.repositories.invocations import InvocationRepository
+    from app.services import records
+
+    tid, _ = await new_tenant(client)
+
+    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+        raise OperationalError("INSERT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    monkeypatch.setattr(records, "STOP_FLUSH_S", 0.3)
+    rec = InvocationRecorder(platform.sessionmaker, 60, 1000)
+    now = datetime.now(UTC)
+    for _ in range(4):
+        rec.record({"id": uuid.uuid4().hex, "tenant_id": tid, "function": "f", "version": 1, "status": "succeeded", "started_at": now,
+                    "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None})
+    await asyncio.wait_for(rec.stop(), 5)  # returns, does not raise: the process stops cleanly
+    assert rec.dropped == 4 and not rec._pending
+    assert "4 invocation records could not be written" in caplog.text
