@@ -1,12 +1,12 @@
 """Turns at SQLite's one write lock for the processes of a node that write in batches.
 
 SQLite lets one connection write at a time; the others wait in its busy handler, which sleeps
-1, 2, 5 ... up to 100 ms between tries and so is not fair: on an H200 host with 8 fronts at ~25k
-calls/s, a front's record batch lost the race for more than the 5 s lock wait, failed with
-"database is locked" and was kept for the next try, again and again, until the front stopped
-with its backlog unwritten. Waiting for the turn on a kernel file lock beside the database
-instead, a front is woken the moment the last writer lets go. PostgreSQL needs no turn.
-"""
+1, 2, 5 ... up to 100 ms between tries and so is not fair. On an H200 host, a node of 8 fronts
+under wrk (20 s, ~300,000 calls) left 16,000 and 27,000 calls without a record in two runs:
+batches failed with "database is locked" after the 5 s lock wait and were kept for the next
+try, and a front's last batch failed the same way at shutdown. Taking turns on a kernel file
+lock beside the database, a front is woken the moment the last writer lets go: none was lost in
+the same runs. PostgreSQL needs no turn."""
 
 from __future__ import annotations
 
