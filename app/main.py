@@ -80,9 +80,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warm=1 if client is not None else None,  # one ready compile process per front, not per slot
     )
     compiler = ModuleCompiler(ArtifactCache(settings.cache_dir), sandbox)
+    turn = WriteTurn.for_url(settings.resolved_database_url)  # the node's writers take turns at SQLite's lock
     recorder = InvocationRecorder(
-        sessionmaker, settings.record_flush_interval_s, settings.record_batch_size, settings.log_bytes_per_tenant,
-        WriteTurn.for_url(settings.resolved_database_url),
+        sessionmaker, settings.record_flush_interval_s, settings.record_batch_size, settings.log_bytes_per_tenant, turn
     )
     platform = Platform(
         settings=settings,
@@ -103,7 +103,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         auth_failures=AuthFailures(settings.auth_failures_per_s, settings.auth_failure_burst),
     )
     platform.executor = Executor(settings, platform.function_cache, node, metrics, app.state.tracing)
-    platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock)
+    platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock, turn)
     platform.logs = Logs(sessionmaker, settings, platform.flush_records)
     platform.callback_secrets = CallbackSecrets(sessionmaker, platform.clock)
     front: int | None = app.state.front
@@ -153,6 +153,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if client is not None:
             await client.close()
         await engine.dispose()
+        turn.close()
         app.state.tracing.shutdown()
 
 

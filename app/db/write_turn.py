@@ -6,58 +6,67 @@ under wrk (20 s, ~300,000 calls) left 16,000 and 27,000 calls without a record i
 batches failed with "database is locked" after the 5 s lock wait and were kept for the next
 try, and a front's last batch failed the same way at shutdown. Taking turns on a kernel file
 lock beside the database, a front is woken the moment the last writer lets go: none was lost in
-the same runs. PostgreSQL needs no turn."""
+the same runs. The queue's writes (submits, claims, ends, heartbeats, sweeps) and callbacks take
+the same turns. PostgreSQL needs no turn."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 
 class WriteTurn:
-    def __init__(self, path: Path | None) -> None:
+    """`async with turn:` a write transaction's turn. On a SQLite file: this process's writers
+    one at a time (an asyncio lock), then the node's processes one at a time (the file lock,
+    waited for in a thread while the loop runs calls). In-memory SQLite: the process's lock
+    alone. PostgreSQL: no turn (row locks; several nodes)."""
+
+    def __init__(self, path: Path | None, local: bool = True) -> None:
         self.path = path
+        self._local = asyncio.Lock() if local or path is not None else None
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600) if path is not None else None
 
     @classmethod
-    def for_url(cls, url: str) -> WriteTurn:
-        """The turn of the SQLite database at `url` (a file beside it); none for another database."""
+    def for_url(cls, url: str | URL) -> WriteTurn:
+        """The turn of the database at `url`: for a SQLite file, a file beside it."""
         u = make_url(url)
-        if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        if u.get_backend_name() != "sqlite":
+            return cls(None, local=False)
+        if not u.database or u.database == ":memory:":
             return cls(None)
         return cls(Path(u.database).with_name(Path(u.database).name + ".write-turn"))
 
-    @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """This process's turn, waited for in a thread (the loop runs calls meanwhile). One
-        process holds a turn at a time: its callers share the file, so they take turns among
-        themselves otherwise (the recorder writes one batch at a time)."""
+    async def __aenter__(self) -> None:
+        if self._local is None:
+            return
+        await self._local.acquire()
         fd = self._fd
         if fd is None:
-            yield
             return
         taking = asyncio.get_running_loop().run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
         try:
             await asyncio.shield(taking)
-        except asyncio.CancelledError:
+        except BaseException:
             # the thread may still get the turn after this: give it back then, or no process
             # of the node would ever write again
             def give_back(done: asyncio.Future[None]) -> None:
                 if not done.cancelled() and done.exception() is None:
                     fcntl.flock(fd, fcntl.LOCK_UN)
+                self._local.release()  # type: ignore[union-attr]  # set above
 
             taking.add_done_callback(give_back)
             raise
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._local is None:
+            return
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._local.release()
 
     def close(self) -> None:
         if self._fd is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from app.db.repositories.callbacks import CallbackRepository
 from app.db.repositories.functions import FunctionRepository
 from app.db.repositories.invocations import InvocationRepository
 from app.db.repositories.tenants import TenantRepository
+from app.db.write_turn import WriteTurn
 from app.errors import Conflict, Forbidden, Gone, LimitReached, NotFound
 from app.queue.states import InvocationMode, InvocationStatus
 from app.services.callbacks import new_delivery
@@ -39,16 +39,15 @@ class Submitted:
 
 
 class AsyncInvocations:
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, clock: Clock) -> None:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, clock: Clock, turn: WriteTurn | None = None) -> None:
         self.sessionmaker = sessionmaker
         self.settings = settings
         self.clock = clock
-        # SQLite has one writer: this node's queue writes (submits, claims, ends) take turns here
-        # instead of meeting in SQLite's busy handler, whose sleeps cost milliseconds each.
-        # PostgreSQL needs no such lock (row locks; several nodes).
-        self.write_lock: asyncio.Lock | contextlib.nullcontext[None] = (
-            asyncio.Lock() if sessionmaker.kw["bind"].dialect.name == "sqlite" else contextlib.nullcontext()
-        )
+        # SQLite has one writer: this node's queue writes (submits, claims, ends) take turns with
+        # each other and with the fronts' record batches (app/db/write_turn.py) instead of
+        # meeting in SQLite's busy handler, whose sleeps cost milliseconds each and are not fair.
+        # PostgreSQL needs no turn (row locks; several nodes).
+        self.write_lock = turn or WriteTurn.for_url(sessionmaker.kw["bind"].url)
 
     async def submit(
         self, tenant: Principal, name: str, body: bytes, query: str, content_type: str, idempotency_key: str | None,

@@ -37,7 +37,7 @@ class InvocationRecorder:
         self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int, log_budget: int = 0, turn: WriteTurn | None = None
     ) -> None:
         self.sessionmaker = sessionmaker
-        self.turn = turn or WriteTurn(None)  # the node's turns at SQLite's write lock
+        self.turn = turn or WriteTurn(None, local=False)  # the node's turns at SQLite's write lock (its owner closes it)
         self.log_budget = log_budget  # bytes of function logs kept per tenant (app/services/logs.py); 0: none written
         self.interval_s = interval_s
         self.batch = batch
@@ -64,10 +64,7 @@ class InvocationRecorder:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
-        try:
-            await self._last_flush()
-        finally:
-            self.turn.close()
+        await self._last_flush()
 
     async def _last_flush(self) -> None:
         deadline = time.monotonic() + STOP_FLUSH_S
@@ -107,7 +104,7 @@ class InvocationRecorder:
         async with self._lock:  # a caller that wants what is held written waits for a flush under way
             if not self._pending and not self._touched:
                 return
-            async with self.turn.held():
+            async with self.turn:
                 # Its CPU is the front's RECORD_WRITE phase: its own steps on the event loop
                 # (calls run while it waits), and what other threads spent meanwhile (SQLite's
                 # driver runs each connection in a thread of its own; other database work at

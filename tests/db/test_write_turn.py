@@ -15,13 +15,13 @@ async def test_a_turn_waits_for_the_holder_and_runs_the_moment_it_lets_go(tmp_pa
     release = asyncio.Event()
 
     async def first() -> None:
-        async with a.held():
+        async with a:
             order.append("a in")
             await release.wait()
             order.append("a out")
 
     async def second() -> None:
-        async with b.held():
+        async with b:
             order.append("b in")
 
     holder = asyncio.create_task(first())
@@ -41,11 +41,11 @@ async def test_a_waiter_cancelled_gives_back_the_turn_it_gets_later(tmp_path: Pa
     release = asyncio.Event()
 
     async def hold() -> None:
-        async with a.held():
+        async with a:
             await release.wait()
 
     async def wait_turn(turn: WriteTurn) -> None:
-        async with turn.held():
+        async with turn:
             pass
 
     holder = asyncio.create_task(hold())
@@ -61,7 +61,35 @@ async def test_a_waiter_cancelled_gives_back_the_turn_it_gets_later(tmp_path: Pa
     a.close(), b.close(), c.close()
 
 
-def test_only_a_sqlite_file_has_turns(tmp_path: Path) -> None:
+async def test_writers_of_one_process_take_turns_too(tmp_path: Path) -> None:
+    """One process's writers share its file (a second lock of it would not wait): its own lock
+    orders them first. In-memory SQLite has that lock alone; PostgreSQL none."""
+    for turn in (WriteTurn(tmp_path / "db.write-turn"), WriteTurn.for_url("sqlite://")):
+        inside = 0
+        most = 0
+
+        async def write(turn: WriteTurn = turn) -> None:
+            nonlocal inside, most
+            async with turn:
+                inside += 1
+                most = max(most, inside)
+                await asyncio.sleep(0.01)
+                inside -= 1
+
+        await asyncio.gather(*(write() for _ in range(5)))
+        assert most == 1
+        turn.close()
+    free = WriteTurn.for_url("postgresql://u@127.0.0.1/db")
+    entered = asyncio.Barrier(3)
+
+    async def at_once() -> None:
+        async with free:
+            await asyncio.wait_for(entered.wait(), 5)  # all three inside at once
+
+    await asyncio.gather(*(at_once() for _ in range(3)))
+
+
+def test_only_a_sqlite_file_has_a_turn_file(tmp_path: Path) -> None:
     turn = WriteTurn.for_url(f"sqlite:///{tmp_path}/tensorwasm.db")
     assert turn.path == tmp_path / "tensorwasm.db.write-turn" and turn.path.exists()
     turn.close()
