@@ -39,6 +39,12 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# A database busy at a node's start (its fronts all starting, SQLite's lock held past its wait)
+# fails the runner's first writes: tried this often, a second apart, before the front gives up
+# its start (and is started again).
+START_TRIES = 5
+START_RETRY_S = 1.0
+
 
 class Execution(Protocol):
     status: InvocationStatus
@@ -93,10 +99,18 @@ class QueueRunner:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.heartbeat.beat(started=True)
-        async with self.write_lock, self.sessionmaker() as session:
-            done = await InvocationRepository(session).recover(self.clock(), node_id=self.node_id)
-            await session.commit()
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                await self.heartbeat.beat(started=True)
+                async with self.write_lock, self.sessionmaker() as session:
+                    done = await InvocationRepository(session).recover(self.clock(), node_id=self.node_id)
+                    await session.commit()
+                break
+            except OperationalError as exc:
+                if attempt == START_TRIES:
+                    raise
+                log.warning("the queue's first writes failed (%s); trying again", exc.orig)
+                await asyncio.sleep(START_RETRY_S)
         self._note_recovered(done, "were running when this node last stopped")
         loop = asyncio.get_running_loop()
         self._tasks = [

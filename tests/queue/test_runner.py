@@ -36,3 +36,30 @@ async def test_another_domain_error_ends_internal_error(client: httpx.AsyncClien
     inv = (await submit(client, key, "echo", b"x")).json()["id"]
     rec = await wait_status(client, key, inv, "internal_error", "not_found", "succeeded")
     assert rec["status"] == "internal_error" and rec["error"] == "internal error: the compiler is unavailable; retry later"
+
+
+async def test_a_database_busy_at_start_is_tried_again(platform: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The runner's first heartbeat meets SQLite's lock held past its wait (a node's fronts all
+    starting): it tries again instead of failing its front's start."""
+    from sqlalchemy.exc import OperationalError
+
+    from app.queue import runner as runner_module
+    from app.queue.runner import QueueRunner
+
+    monkeypatch.setattr(runner_module, "START_RETRY_S", 0.01)
+    q = QueueRunner(platform.sessionmaker, platform.settings, platform.queue_runner.execute, platform.clock, platform.queue.write_lock)
+    real, fails = q.heartbeat.beat, [1]
+
+    async def beat(*, started: bool = False) -> None:
+        if fails:
+            fails.pop()
+            raise OperationalError("UPDATE nodes", {}, Exception("database is locked"))
+        await real(started=started)
+
+    monkeypatch.setattr(q.heartbeat, "beat", beat)
+    await q.start()
+    try:
+        assert not fails and "the queue's first writes failed (database is locked); trying again" in caplog.text
+    finally:
+        await q.stop()
+
