@@ -14,16 +14,17 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.db.repositories.invocations import InvocationRepository
+from app.db.repositories.record_batches import RecordBatch, record_batch
 from app.db.write_turn import WriteTurn
-from app.observability.phases import RECORD_WRITE, add_ns, steps
+from app.observability.phases import RECORD_WRITE, add_ns, clock, lap, steps
 from app.services import logs
 
 log = logging.getLogger(__name__)
 
-# Rows per statement. Their parameters are built on the event loop (~33 us a row): a 2,000-row
-# batch (the backlog after a locked database) stalled a front's calls for ~30 ms in one piece,
-# so a flush sends its rows in chunks, in one transaction.
-_CHUNK = 250
+# Rows whose values are built in one piece on the event loop (a few µs a row,
+# app/db/repositories/record_batches.py): a backlog of thousands (after the database was out of
+# reach) is built a piece at a time, calls run between, and written in one transaction.
+_CHUNK = 500
 
 # How long a stopping recorder keeps trying to write what it holds (a database briefly out of
 # reach), before it gives the rest up, logged; within the 10 s a node gives a front to stop.
@@ -37,6 +38,7 @@ class InvocationRecorder:
         self, sessionmaker: async_sessionmaker[AsyncSession], interval_s: float, batch: int, log_budget: int = 0, turn: WriteTurn | None = None
     ) -> None:
         self.sessionmaker = sessionmaker
+        self._dialect = sessionmaker.kw["bind"].dialect
         self.turn = turn or WriteTurn(None, local=False)  # the node's turns at SQLite's write lock (its owner closes it)
         self.log_budget = log_budget  # bytes of function logs kept per tenant (app/services/logs.py); 0: none written
         self.interval_s = interval_s
@@ -104,6 +106,13 @@ class InvocationRecorder:
         async with self._lock:  # a caller that wants what is held written waits for a flush under way
             if not self._pending and not self._touched:
                 return
+            touched, self._touched = self._touched, {}
+            rows, self._pending = self._pending, []
+            try:
+                batches = await self._prepare(rows)  # before the turn: the node's writers wait for none of it
+            except BaseException:
+                self._pending = rows + self._pending
+                raise
             async with self.turn:
                 # Its CPU is the front's RECORD_WRITE phase: its own steps on the event loop
                 # (calls run while it waits), and what other threads spent meanwhile (SQLite's
@@ -111,26 +120,35 @@ class InvocationRecorder:
                 # that moment counts too, rare on the call path).
                 process, loop = time.process_time_ns(), time.thread_time_ns()
                 try:
-                    await steps(RECORD_WRITE, self._write())
+                    await steps(RECORD_WRITE, self._write(touched, rows, batches))
                 finally:
                     add_ns(RECORD_WRITE, max(0, (time.process_time_ns() - process) - (time.thread_time_ns() - loop)))
 
-    async def _write(self) -> None:
-        if self._touched:
-            touched, self._touched = self._touched, {}
+    async def _prepare(self, rows: list[dict[str, Any]]) -> list[RecordBatch]:
+        """The rows' statements and values, a piece at a time with calls run between pieces."""
+        batches = []
+        for i in range(0, len(rows), _CHUNK):
+            if i:
+                await asyncio.sleep(0)
+            t = clock()
+            batches.append(record_batch(rows[i : i + _CHUNK], self._dialect))
+            lap(RECORD_WRITE, t)
+        return batches
+
+    async def _write(self, touched: dict[str, datetime], rows: list[dict[str, Any]], batches: list[RecordBatch]) -> None:
+        if touched:
             async with self.sessionmaker() as session:
                 repo = ApiKeyRepository(session)
                 for key_id, when in touched.items():
                     await repo.touch(key_id, when)
                 await session.commit()
-        if not self._pending:
+        if not rows:
             return
-        rows, self._pending = self._pending, []
         try:
             async with self.sessionmaker() as session:
                 records = InvocationRepository(session)
-                for i in range(0, len(rows), _CHUNK):  # calls run while the driver writes each
-                    await records.insert_many(rows[i : i + _CHUNK])
+                for batch in batches:
+                    await records.insert_batch(batch)
                 await logs.write(session, logs.rows_of_records(rows), self.log_budget)  # a call's stderr lines with its record
                 await session.commit()
         except IntegrityError:

@@ -30,14 +30,14 @@ async def test_stop_lets_a_flush_in_progress_finish_and_loses_no_record(client, 
 
     tid, _ = await new_tenant(client)
     entered = asyncio.Event()
-    slow_insert = InvocationRepository.insert_many
+    slow_insert = InvocationRepository.insert_batch
 
-    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+    async def insert_batch(self, batch):  # type: ignore[no-untyped-def]
         entered.set()
         await asyncio.sleep(0.2)  # stop() arrives while this write is in flight
-        return await slow_insert(self, rows)
+        return await slow_insert(self, batch)
 
-    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    monkeypatch.setattr(InvocationRepository, "insert_batch", insert_batch)
     rec = InvocationRecorder(platform.sessionmaker, 0.01, 1000)
     rec.start()
     now = datetime.now(UTC)
@@ -85,28 +85,38 @@ async def test_records_of_different_shapes_in_one_batch(database_url: str) -> No
     await engine.dispose()
 
 
-async def test_a_backlog_is_written_in_chunks_of_one_transaction(client, platform, monkeypatch) -> None:
-    """A large batch (a backlog after a locked database) goes out 250 rows a statement, so the
-    front's loop builds no more than that in one piece, and every row lands."""
+async def test_a_backlog_is_built_in_pieces_and_written_in_one_transaction(client, platform, monkeypatch) -> None:
+    """A large batch (a backlog after the database was out of reach) has its values built 500
+    rows a piece, the front's loop free between pieces, and every row lands in one commit."""
     from app.db.repositories.invocations import InvocationRepository
+    from app.services import records
 
     tid, _ = await new_tenant(client)
-    sizes: list[int] = []
-    real_insert = InvocationRepository.insert_many
+    pieces: list[int] = []
+    real_build = records.record_batch
 
-    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
-        sizes.append(len(rows))
-        return await real_insert(self, rows)
+    def record_batch(rows, dialect):  # type: ignore[no-untyped-def]
+        pieces.append(len(rows))
+        return real_build(rows, dialect)
 
-    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    monkeypatch.setattr(records, "record_batch", record_batch)
+    commits = 0
+    real_write = InvocationRecorder._write
+
+    async def write(self, touched, rows, batches):  # type: ignore[no-untyped-def]
+        nonlocal commits
+        commits += 1
+        return await real_write(self, touched, rows, batches)
+
+    monkeypatch.setattr(InvocationRecorder, "_write", write)
     rec = InvocationRecorder(platform.sessionmaker, 60, 10_000)
     now = datetime.now(UTC)
     base = {"function": "f", "version": 1, "status": "succeeded", "started_at": now, "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None}
-    ids = [uuid.uuid4().hex for _ in range(600)]
+    ids = [uuid.uuid4().hex for _ in range(1200)]
     for i in ids:
-        rec.record({**base, "id": i, "tenant_id": tid})
+        rec.record({**base, "id": i, "created_at": now, "tenant_id": tid})
     await rec.flush()
-    assert sizes == [250, 250, 100] and not rec._pending
+    assert pieces == [500, 500, 200] and commits == 1 and not rec._pending
     async with platform.sessionmaker() as s:
         repo = InvocationRepository(s, tid)
         assert all([await repo.get(i) is not None for i in ids])
@@ -120,17 +130,17 @@ async def test_stop_tries_again_when_the_last_write_fails(client, platform, monk
     from app.db.repositories.invocations import InvocationRepository
 
     tid, _ = await new_tenant(client)
-    real = InvocationRepository.insert_many
+    real = InvocationRepository.insert_batch
     failures = 2
 
-    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+    async def insert_batch(self, batch):  # type: ignore[no-untyped-def]
         nonlocal failures
         if failures:
             failures -= 1
             raise OperationalError("INSERT", {}, Exception("database is locked"))
-        return await real(self, rows)
+        return await real(self, batch)
 
-    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    monkeypatch.setattr(InvocationRepository, "insert_batch", insert_batch)
     rec = InvocationRecorder(platform.sessionmaker, 60, 1000)
     now = datetime.now(UTC)
     ids = [uuid.uuid4().hex for _ in range(3)]  # the database is the session's: ids of their own
@@ -152,10 +162,10 @@ async def test_stop_gives_up_within_its_bound_and_counts_what_it_lost(client, pl
 
     tid, _ = await new_tenant(client)
 
-    async def insert_many(self, rows):  # type: ignore[no-untyped-def]
+    async def insert_batch(self, batch):  # type: ignore[no-untyped-def]
         raise OperationalError("INSERT", {}, Exception("database is locked"))
 
-    monkeypatch.setattr(InvocationRepository, "insert_many", insert_many)
+    monkeypatch.setattr(InvocationRepository, "insert_batch", insert_batch)
     monkeypatch.setattr(records, "STOP_FLUSH_S", 0.3)
     rec = InvocationRecorder(platform.sessionmaker, 60, 1000)
     now = datetime.now(UTC)

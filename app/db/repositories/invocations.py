@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
 from app.db.models import OUTPUT_SLICE, Invocation, InvocationOutput, Node, Tenant
+from app.db.repositories.record_batches import RecordBatch, insert_batch
 from app.queue.states import InvocationMode, InvocationStatus
 
 QUEUED, RUNNING = InvocationStatus.QUEUED.value, InvocationStatus.RUNNING.value
@@ -112,6 +113,10 @@ class InvocationRepository:
             .values(cancel_requested=True)
         )
         return res.rowcount == 1  # type: ignore[attr-defined]
+
+    async def insert_batch(self, batch: RecordBatch) -> None:
+        """A recorder's rows, their values built beforehand (app/db/repositories/record_batches.py)."""
+        await insert_batch(self.session, batch)
 
     async def insert_many(self, rows: builtins.list[dict[str, Any]]) -> None:
         """Batch insert from the recorder (rows already carry their tenant_id)."""
