@@ -90,6 +90,11 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# How long a stopping front may take before it is killed: it writes the records it holds first
+# (app/services/records.py: a flush under way up to 10 s, then its last batch up to 5 s). On an
+# H200 host a front still writing a backlog at the 10 s this was lost 51,680 records.
+FRONT_STOP_S = 20.0
+
 
 RUN_DIR_PREFIX = "tensorwasm-node-"
 
@@ -235,7 +240,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 p.terminate()
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(FRONT_STOP_S):
                 await asyncio.gather(*(p.wait() for p in procs))
         except TimeoutError:
             for p in procs:

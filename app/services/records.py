@@ -26,8 +26,11 @@ log = logging.getLogger(__name__)
 # reach) is built a piece at a time, calls run between, and written in one transaction.
 _CHUNK = 500
 
-# How long a stopping recorder keeps trying to write what it holds (a database briefly out of
-# reach), before it gives the rest up, logged; within the 10 s a node gives a front to stop.
+# A stopping recorder lets a flush under way finish (up to STOP_WAIT_S), then keeps trying to
+# write what it still holds (a database briefly out of reach) for up to STOP_FLUSH_S before it
+# gives the rest up, logged: together within the time a node gives a front to stop
+# (app/node/supervisor.py, FRONT_STOP_S).
+STOP_WAIT_S = 10.0
 STOP_FLUSH_S = 5.0
 
 
@@ -61,7 +64,7 @@ class InvocationRecorder:
             self._stopping = True
             self._wake.set()
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout=10)
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=STOP_WAIT_S)
             except TimeoutError:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
