@@ -5,8 +5,8 @@ SQLite lets one connection write at a time; the others wait in its busy handler,
 under wrk (20 s, ~300,000 calls) left 16,000 and 27,000 calls without a record in two runs:
 batches failed with "database is locked" after the 5 s lock wait and were kept for the next
 try, and a front's last batch failed the same way at shutdown. Taking turns on a kernel file
-lock beside the database, a front is woken the moment the last writer lets go: none was lost in
-the same runs. The queue's writes (submits, claims, ends, heartbeats, sweeps) and callbacks take
+lock beside the database, a front is woken the moment the last writer lets go: in the same
+runs no batch failed for want of the lock. The queue's writes (submits, claims, ends, heartbeats, sweeps) and callbacks take
 the same turns. PostgreSQL needs no turn."""
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 # How long a stopping front may take before it is killed: it writes the records it holds first
-# (app/services/records.py: a flush under way up to 10 s, then its last batch up to 5 s). On an
-# H200 host a front still writing a backlog at the 10 s this was lost 51,680 records.
+# (app/services/records.py: a flush under way up to 10 s, then its last batch up to 5 s). With
+# 10 s here, an H200 host killed a front still writing its backlog: 51,680 records lost.
 FRONT_STOP_S = 20.0
 
 

@@ -113,19 +113,23 @@ class InvocationRecorder:
             rows, self._pending = self._pending, []
             try:
                 batches = await self._prepare(rows)  # before the turn: the node's writers wait for none of it
+                async with self.turn:
+                    # Its CPU is the front's RECORD_WRITE phase: its own steps on the event loop
+                    # (calls run while it waits), and what other threads spent meanwhile (SQLite's
+                    # driver runs each connection in a thread of its own; other database work at
+                    # that moment counts too, rare on the call path).
+                    process, loop = time.process_time_ns(), time.thread_time_ns()
+                    try:
+                        await steps(RECORD_WRITE, self._write(touched, rows, batches))
+                    finally:
+                        add_ns(RECORD_WRITE, max(0, (time.process_time_ns() - process) - (time.thread_time_ns() - loop)))
             except BaseException:
-                self._pending = rows + self._pending
+                # kept for the next try (a cancelled one too), bounded so a dead database cannot
+                # exhaust memory
+                keep = rows[-50_000:]
+                self.dropped += len(rows) - len(keep)
+                self._pending = keep + self._pending
                 raise
-            async with self.turn:
-                # Its CPU is the front's RECORD_WRITE phase: its own steps on the event loop
-                # (calls run while it waits), and what other threads spent meanwhile (SQLite's
-                # driver runs each connection in a thread of its own; other database work at
-                # that moment counts too, rare on the call path).
-                process, loop = time.process_time_ns(), time.thread_time_ns()
-                try:
-                    await steps(RECORD_WRITE, self._write(touched, rows, batches))
-                finally:
-                    add_ns(RECORD_WRITE, max(0, (time.process_time_ns() - process) - (time.thread_time_ns() - loop)))
 
     async def _prepare(self, rows: list[dict[str, Any]]) -> list[RecordBatch]:
         """The rows' statements and values, a piece at a time with calls run between pieces."""
@@ -158,12 +162,6 @@ class InvocationRecorder:
             # A tenant deleted while its call ran: its record has nowhere to go. Write the
             # batch row by row so every other record still lands.
             await self._insert_each(rows)
-        except Exception:
-            # keep them for the next try, bounded so a dead database cannot exhaust memory
-            keep = rows[-50_000:]
-            self.dropped += len(rows) - len(keep)
-            self._pending = keep + self._pending
-            raise
 
     async def _insert_each(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

@@ -4,6 +4,8 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+
 from app.services.records import InvocationRecorder
 from tests.helpers import new_tenant
 
@@ -175,3 +177,26 @@ async def test_stop_gives_up_within_its_bound_and_counts_what_it_lost(client, pl
     await asyncio.wait_for(rec.stop(), 5)  # returns, does not raise: the process stops cleanly
     assert rec.dropped == 4 and not rec._pending
     assert "4 invocation records could not be written" in caplog.text
+
+
+async def test_rows_are_kept_when_the_write_fails_before_they_are_sent(client, platform) -> None:
+    """A failure outside the INSERT itself (the turn not given, a key's last use not written)
+    keeps the rows for the next flush: none is lost."""
+    tid, _ = await new_tenant(client)
+
+    class NoTurn:
+        async def __aenter__(self) -> None:
+            raise OSError("no turn")
+
+        async def __aexit__(self, *_: object) -> None:
+            return None
+
+    rec = InvocationRecorder(platform.sessionmaker, 60, 1000, turn=NoTurn())  # type: ignore[arg-type]
+    now = datetime.now(UTC)
+    ids = [uuid.uuid4().hex for _ in range(3)]
+    for i in ids:
+        rec.record({"id": i, "tenant_id": tid, "function": "f", "version": 1, "status": "succeeded", "created_at": now, "started_at": now,
+                    "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None})
+    with pytest.raises(OSError, match="no turn"):
+        await rec.flush()
+    assert [r["id"] for r in rec._pending] == ids and rec.dropped == 0
