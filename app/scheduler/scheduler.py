@@ -286,7 +286,7 @@ class Scheduler:
         if others_wait and len(ts.workers) >= self.fair.share:
             return
         cap = principal.quota.gpu_memory_bytes
-        if any(self.pool.spare_for(waiting.cap) is not None for waiting in self._line):
+        if self._spare_taken_in_line():
             return  # a call waiting for its first worker takes a ready spare first
         spare = self.pool.spare_for(cap)
         if spare is None:
@@ -428,16 +428,20 @@ class Scheduler:
 
     def _first_in_line(self, place: _InLine) -> bool:
         """No call that came before this one could take a spare that is ready now."""
+        return not self._spare_taken_in_line(before=place)
+
+    def _spare_taken_in_line(self, before: _InLine | None = None) -> bool:
+        """A call in line (ahead of `before`, if given) could take a spare that is ready now."""
         fits: dict[int, bool] = {}  # by cap: one look at the spares each, however long the line
         for ahead in self._line:
-            if ahead is place:
-                return True
+            if ahead is before:
+                return False
             ready = fits.get(ahead.cap)
             if ready is None:
                 ready = fits[ahead.cap] = self.pool.spare_for(ahead.cap) is not None
             if ready:
-                return False
-        return True
+                return True
+        return False
 
     async def _bind_spare(self, ts: _Tenant, spare: WorkerHandle, t_acquire: float) -> bool:
         """Bind a spare to the tenant; False when it died meanwhile (replaced)."""

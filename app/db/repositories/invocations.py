@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
 from app.db.models import OUTPUT_SLICE, Invocation, InvocationOutput, Node, Tenant
-from app.db.repositories.record_batches import RecordBatch, insert_batch
+from app.db.repositories.record_batches import RecordBatch, insert_statements
 from app.queue.states import InvocationMode, InvocationStatus
 
 QUEUED, RUNNING = InvocationStatus.QUEUED.value, InvocationStatus.RUNNING.value
@@ -115,8 +115,11 @@ class InvocationRepository:
         return res.rowcount == 1  # type: ignore[attr-defined]
 
     async def insert_batch(self, batch: RecordBatch) -> None:
-        """A recorder's rows, their values built beforehand (app/db/repositories/record_batches.py)."""
-        await insert_batch(self.session, batch)
+        """A recorder's rows, their values built beforehand (app/db/repositories/record_batches.py);
+        those of a shape it leaves to SQLAlchemy go as `insert_many`."""
+        await insert_statements(self.session, batch)
+        if batch.other:
+            await self.insert_many(batch.other)
 
     async def insert_many(self, rows: builtins.list[dict[str, Any]]) -> None:
         """Batch insert from the recorder (rows already carry their tenant_id)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Boolean, Float, Integer, String, Table, Text, insert
+from sqlalchemy import Boolean, Float, Integer, String, Table, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -107,14 +107,9 @@ def _plan(keys: frozenset[str], dialect: Dialect) -> tuple[list[str], list[Calla
     return given + filled, convert, defaults
 
 
-async def insert_batch(session: AsyncSession, batch: RecordBatch) -> None:
-    """Within the session's transaction: each statement once, with all its rows."""
+async def insert_statements(session: AsyncSession, batch: RecordBatch) -> None:
+    """Within the session's transaction: each statement once, with all its rows (the rows left
+    to SQLAlchemy are the caller's: InvocationRepository.insert_batch)."""
     conn = await session.connection()
     for sql, values in batch.statements:
         await conn.exec_driver_sql(sql, values)
-    if batch.other:
-        groups: dict[frozenset[str], list[dict[str, Any]]] = {}
-        for row in batch.other:
-            groups.setdefault(frozenset(row), []).append(row)
-        for group in groups.values():
-            await session.execute(insert(_TABLE), group)
