@@ -149,20 +149,21 @@ class AsyncInvocations:
     async def cancel(self, tenant: Principal, invocation_id: str, stop_local: StopLocal) -> Invocation:
         """queued: cancelled at once, never runs. running: its guest is stopped (here, or by the
         node that runs it at its next lease renewal) and the call waits for the end."""
-        async with self.sessionmaker() as session:
+        # the read, the write and the commit in one turn: a write begun in the turn and committed
+        # after it would hold SQLite's lock while the next writer in turn waits for it
+        async with self.write_lock, self.sessionmaker() as session:
             repo = InvocationRepository(session, tenant.id)
             inv = await repo.get(invocation_id)
             if inv is None:
                 raise NotFound.of("invocation")
             if InvocationStatus(inv.status).ended:
                 raise Conflict(f"the invocation already ended ({inv.status})", code="already_finished")
-            async with self.write_lock:
-                cancelled = await repo.cancel_queued(invocation_id, self.clock())
-            if cancelled:
-                await session.commit()
-                return await self.get(tenant, invocation_id)
-            await repo.request_cancel(invocation_id)
+            cancelled = await repo.cancel_queued(invocation_id, self.clock())
+            if not cancelled:
+                await repo.request_cancel(invocation_id)
             await session.commit()
+        if cancelled:
+            return await self.get(tenant, invocation_id)
         stop_local(invocation_id)
         deadline = asyncio.get_running_loop().time() + self.settings.queue_lease_s / 3 + 5
         while True:

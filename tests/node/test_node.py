@@ -411,7 +411,9 @@ async def test_async_stream_and_records_through_either_front(node: tuple[Any, st
             spin = (await client.post("/v1/functions/write_then_spin/invocations", headers=key)).json()["id"]
 
             async def status(i: str, want: str, c: httpx.AsyncClient = client) -> bool:
-                return bool((await c.get(f"/v1/invocations/{i}", headers=key)).json()["status"] == want)
+                record = (await c.get(f"/v1/invocations/{i}", headers=key)).json()
+                assert record["status"] in (want, "queued", "running"), record  # it ended otherwise: say how
+                return bool(record["status"] == want)
 
             await until(lambda i=inv: status(i, "succeeded"), "the queued call to run")
             assert (await client.get(f"/v1/invocations/{inv}/output", headers=key)).content == b"queued"
