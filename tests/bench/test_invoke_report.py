@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.bench.cpu import HostCpu, Role, RoleCpu
-from app.bench.invoke import _phase_summary, _report
+from app.bench.invoke import Loaded, _phase_summary, _report
 from app.bench.observed import FrontPhases, Slow, Split, Stalls, front_phases, replaced, scrape, slow_calls, split, stalls
 from app.bench.wrk import WrkResult
 from app.observability.phases import Phase
@@ -220,8 +220,12 @@ def test_the_fronts_cpu_per_call_is_split_by_phase_from_the_nodes_counters(capsy
     assert [round(us[p], 3) for p in (Phase.AUTH, Phase.SEND, Phase.RECORD_WRITE, Phase.ADMIT)] == [2.0, 5.0, 10.0, 0.0]
     assert front_phases([]) == FrontPhases()  # a node that publishes none
     fronts = {Role.FRONT: RoleCpu(Role.FRONT, 2, 100.0, 0.9), Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 1.0, 0.01)}
-    _report(_results([3.0]), 2, 8, cpu_use={32: fronts}, phases={32: run})
+    # the phases and their shares come from the second node (the CPU phase clock), its runs set
+    # beside the first node's
+    profiled = Loaded(runs={32: _result(1.0, ok=900)}, cpu_use={32: fronts}, phases={32: run})
+    _report(_results([3.0]), 2, 8, cpu_use={32: {Role.FRONT: RoleCpu(Role.FRONT, 2, 90.0, 0.9)}}, profiled=profiled)
     out = capsys.readouterr().out
+    assert _line(out, "c=32: node with the CPU phase clock req/s").split()[-3:] == ["900", "|", "0.90x"]
     assert _line(out, "c=32: fronts' CPU per call by phase").split()[-1] == "100"
     assert "10000 calls" in _line(out, "c=32: fronts' CPU per call by phase")
     assert _line(out, "  auth").split()[-2:] == ["2.0", "(2.0%)"]
@@ -232,5 +236,6 @@ def test_the_fronts_cpu_per_call_is_split_by_phase_from_the_nodes_counters(capsy
     assert summary["calls"] == 10_000 and summary["fronts_cpu_us"] == 100.0
     assert summary["us_per_call"]["send"] == pytest.approx(5.0) and summary["other_us"] == pytest.approx(83.0)
     # a one-process node: its first process is its front
-    _report(_results([3.0]), 1, 8, cpu_use={256: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 50.0, 0.9)}}, phases={256: run})
+    one = Loaded(runs={256: _result(1.0)}, cpu_use={256: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 50.0, 0.9)}}, phases={256: run})
+    _report(_results([3.0]), 1, 8, profiled=one)
     assert _line(capsys.readouterr().out, "  other").split()[-2:] == ["33.0", "(66.0%)"]
