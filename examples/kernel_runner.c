@@ -7,7 +7,9 @@
  *   u32 grid[3], u32 block[3], u32 shared_bytes
  *   u32 args_len, argument records (a 0x10 record's handle field holds a buffer *index*)
  *   u32 repeat (launches), u32 flags (bit 0: prefix stdout with u64 ns spent launching+syncing,
- *       bit 1: prefix with u64 ns of the whole write-launch-read path)
+ *       bit 1: prefix with u64 ns of the whole write-launch-read path, bit 2: then with u64 ns
+ *       of each step of that path: alloc, write, module and function, launch+sync, the output's
+ *       malloc, read)
  *   u32 nout, u32 buffer indices to write to stdout
  * On an ABI failure: prints "<call> <code> <last_error>" to stderr and exits with 64 - code.
  */
@@ -74,9 +76,11 @@ int main(void) {
     uint32_t *outs = calloc(nout + 1, sizeof *outs);
     for (uint32_t i = 0; i < nout; i++) outs[i] = u32();
 
-    uint64_t t_all = now_ns();
+    uint64_t steps[7];
+    uint64_t t_all = steps[0] = now_ns();
+    for (uint32_t i = 0; i < nbufs; i++) h[i] = check("buffer_alloc", tw_buffer_alloc(sizes[i]));
+    steps[1] = now_ns();
     for (uint32_t i = 0; i < nbufs; i++) {
-        h[i] = check("buffer_alloc", tw_buffer_alloc(sizes[i]));
         for (int64_t off = 0; init_len[i] && off < sizes[i]; off += init_len[i]) {
             int64_t n = sizes[i] - off < init_len[i] ? sizes[i] - off : init_len[i];
             check("buffer_write", tw_buffer_write(h[i], off, init[i], (int32_t)n));
@@ -94,29 +98,35 @@ int main(void) {
         else if (tag == TW_ARG_I64 || tag == TW_ARG_F64) p += 8;
         else break; /* let the host refuse it */
     }
+    steps[2] = now_ns();
     int32_t mod;
     if (kind == 0) mod = check("module_get", tw_module_get((const char *)mname, (int32_t)mlen));
     else mod = check("module_load", tw_module_load(mname, (int32_t)mlen, kind - 1));
     int32_t fn = check("function_get", tw_function_get(mod, (const char *)fname, (int32_t)flen));
 
-    uint64_t t0 = now_ns();
+    uint64_t t0 = steps[3] = now_ns();
     for (uint32_t r = 0; r < repeat; r++)
         check("launch", tw_launch(fn, (int32_t)g[0], (int32_t)g[1], (int32_t)g[2], (int32_t)b[0], (int32_t)b[1], (int32_t)b[2],
                                   (int32_t)shared, args, (int32_t)alen));
     check("synchronize", tw_synchronize());
-    uint64_t t_launch = now_ns() - t0;
+    uint64_t t_launch = (steps[4] = now_ns()) - t0;
 
     size_t total = 0;
     for (uint32_t i = 0; i < nout; i++) total += (size_t)sizes[outs[i]];
     unsigned char *out = malloc(total + 1);
+    steps[5] = now_ns();
     size_t off = 0;
     for (uint32_t i = 0; i < nout; i++) {
         check("buffer_read", tw_buffer_read(h[outs[i]], 0, out + off, (int32_t)sizes[outs[i]]));
         off += (size_t)sizes[outs[i]];
     }
-    uint64_t t_total = now_ns() - t_all;
+    uint64_t t_total = (steps[6] = now_ns()) - t_all;
     if (flags & 1) fwrite(&t_launch, 8, 1, stdout);
     if (flags & 2) fwrite(&t_total, 8, 1, stdout);
+    for (int i = 0; (flags & 4) && i < 6; i++) {
+        uint64_t d = steps[i + 1] - steps[i];
+        fwrite(&d, 8, 1, stdout);
+    }
     fwrite(out, 1, total, stdout);
     return 0;
 }

@@ -22,8 +22,10 @@ import numpy as np
 from app.bench.node import ADMIN, guest_wasm, server, setup_tenant
 from app.gpu import kernel_runner
 from app.gpu.kernel_runner import (
+    PATH_STEPS,
     TIME_LAUNCHES,
     TIME_PATH,
+    TIME_STEPS,
     Buf,
     rec_buf,
     rec_f32,
@@ -39,13 +41,19 @@ def _runner_wasm() -> bytes:
     return guest_wasm(kernel_runner.SOURCE)
 
 
-def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes, reps: int) -> float:
-    times = []
+def _median_guest_ns(client: httpx.Client, headers: dict[str, str], body: bytes, reps: int, steps: dict[str, float] | None = None) -> float:
+    """The median of the guest's first timing; with `steps` (a path timed with TIME_STEPS), also
+    the median µs of each of the path's steps, into it."""
+    times, parts = [], []
     for _ in range(reps):
         r = client.post("/v1/functions/runner/invoke", content=body, headers=headers)
         if r.status_code != 200:
             raise RuntimeError(r.text)
         times.append(struct.unpack("<Q", r.content[:8])[0])
+        if steps is not None:
+            parts.append(struct.unpack(f"<{len(PATH_STEPS)}Q", r.content[8 : 8 + 8 * len(PATH_STEPS)]))
+    if steps is not None:
+        steps.update({name: statistics.median(p[i] for p in parts) / 1e3 for i, name in enumerate(PATH_STEPS)})
     return statistics.median(times)
 
 
@@ -117,6 +125,8 @@ def bench_gpu(args: argparse.Namespace) -> int:
 
     # ---- guests ------------------------------------------------------------------------------
     wasm = _runner_wasm()
+    managed_steps: dict[str, float] = {}  # the 4 MiB path's steps, timed in the guest
+    device_steps: dict[str, float] = {}
     used_before = _gpu_mem_used_mib()
     with server(TENSORWASM_BACKEND="cuda", TENSORWASM_MAX_WORKERS="4", TENSORWASM_WARM_SPARES="2", TENSORWASM_MAX_REQUEST_BYTES=str(512 << 20)) as base:
         admin = {"Authorization": f"Bearer {ADMIN}"}
@@ -141,17 +151,18 @@ def bench_gpu(args: argparse.Namespace) -> int:
             res["guest_launch_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
 
             path = request(
-                "scale2", [Buf(4 << 20, host.tobytes())], [rec_buf(0), rec_i32(n)], [0], grid=(n // 256, 1, 1), module=SCALE, kind=1, flags=TIME_PATH
+                "scale2", [Buf(4 << 20, host.tobytes())], [rec_buf(0), rec_i32(n)], [0], grid=(n // 256, 1, 1), module=SCALE, kind=1,
+                flags=TIME_PATH | TIME_STEPS,
             )
             _median_guest_ns(client, h, path, 3)
-            res["guest_4mib_path_us"] = _median_guest_ns(client, h, path, 11) / 1e3
+            res["guest_4mib_path_us"] = _median_guest_ns(client, h, path, 11, managed_steps) / 1e3
 
     # the same paths with plain device memory instead of managed memory
     with server(TENSORWASM_BACKEND="cuda", TENSORWASM_MAX_WORKERS="2", TENSORWASM_WARM_SPARES="1", TENSORWASM_GPU_MEMORY="device") as base:
         with httpx.Client(base_url=base, timeout=120) as client:
             h = _tenant(client, "dev", wasm)
             _median_guest_ns(client, h, path, 3)
-            res["guest_4mib_path_device_mem_us"] = _median_guest_ns(client, h, path, 11) / 1e3
+            res["guest_4mib_path_device_mem_us"] = _median_guest_ns(client, h, path, 11, device_steps) / 1e3
             _median_guest_ns(client, h, launch, 2)
             res["guest_launch_device_mem_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
     with server(TENSORWASM_BACKEND="cuda", TENSORWASM_MAX_WORKERS="2", TENSORWASM_WARM_SPARES="1", TENSORWASM_MAX_REQUEST_BYTES=str(512 << 20)) as base:
@@ -205,4 +216,17 @@ def bench_gpu(args: argparse.Namespace) -> int:
         for step, (ours, raw) in parts.items():
             print(f"{step:24} {ours:9.1f} {raw:9.1f}")
         print(f"{'sum':24} {sum(o for o, _ in parts.values()):9.1f} {sum(r for _, r in parts.values()):9.1f}")
+    _print_steps(managed_steps, device_steps, res)
     return 0
+
+
+def _print_steps(managed: dict[str, float], device: dict[str, float], res: dict[str, float]) -> None:
+    """The guest's 4 MiB path step by step, as the guest timed it (medians of each step, so they
+    need not add up to the median of the whole)."""
+    if not managed:
+        return
+    print(f"\n{'4 MiB path in the guest (us)':28} {'managed':>9} {'device':>9}")
+    for step in PATH_STEPS:
+        print(f"{step:28} {managed[step]:9.1f} {device.get(step, float('nan')):9.1f}")
+    print(f"{'steps summed':28} {sum(managed.values()):9.1f} {sum(device.values()) if device else float('nan'):9.1f}")
+    print(f"{'the whole path (median)':28} {res['guest_4mib_path_us']:9.1f} {res.get('guest_4mib_path_device_mem_us', float('nan')):9.1f}")

@@ -11,9 +11,12 @@ from pathlib import Path
 # takes a prebuilt one from TENSORWASM_PREBUILT_GUESTS).
 SOURCE = Path(__file__).resolve().parents[2] / "examples" / "kernel_runner.c"
 
-# flags: prefix stdout with u64 ns of the launches + synchronize (1) / of the whole path (2)
+# flags: prefix stdout with u64 ns of the launches + synchronize (1) / of the whole path (2) /
+# of each of the path's steps (4), in that order
 TIME_LAUNCHES = 1
 TIME_PATH = 2
+TIME_STEPS = 4
+PATH_STEPS = ("alloc", "write", "module and function", "launch and sync", "output malloc", "read")
 
 
 def rec_buf(index: int, offset: int = 0) -> bytes:

@@ -6,14 +6,16 @@ so they run it whatever TENSORWASM_TEST_BACKEND says; tests/gpu/test_cuda.py ass
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import AsyncIterator
 
 import httpx
 import numpy as np
 import pytest
 
+from app.gpu.kernel_runner import PATH_STEPS, TIME_LAUNCHES, TIME_PATH, TIME_STEPS
 from app.kernels.std_numpy import STD
-from tests.gpu.runner import Buf, abi_code, f32, rec_buf, rec_f32, rec_i32, request
+from tests.gpu.runner import Buf, abi_code, blocks, f32, rec_buf, rec_f32, rec_i32, request
 from tests.gpu.std_cases import case
 from tests.helpers import ADMIN, deploy, make_settings, new_tenant, running_app
 
@@ -112,6 +114,21 @@ async def test_std_matches_numpy_references(client: httpx.AsyncClient, gpu_tenan
         r = await run(client, gpu_tenant, "runner", req)
         assert r.status_code == 200, (n, r.text)
         check(r.content)
+
+
+async def test_the_runner_times_each_step_of_its_path(client: httpx.AsyncClient, gpu_tenant: dict) -> None:
+    """The GPU bench's split of the guest's path (examples/kernel_runner.c, TIME_STEPS): after the
+    launch and path timings, one u64 per step, then the output."""
+    x = np.arange(1024, dtype=np.float32)
+    flags = TIME_LAUNCHES | TIME_PATH | TIME_STEPS
+    req = request("scale_f32", [Buf(x.nbytes, f32(x))], [rec_buf(0), rec_f32(3.0), rec_i32(x.size)], [0], grid=blocks(x.size), flags=flags)
+    r = await run(client, gpu_tenant, "runner", req)
+    assert r.status_code == 200, r.text
+    launch, total, *steps = struct.unpack(f"<{2 + len(PATH_STEPS)}Q", r.content[: 8 * (2 + len(PATH_STEPS))])
+    np.testing.assert_array_equal(np.frombuffer(r.content[8 * (2 + len(PATH_STEPS)) :], dtype=np.float32), x * 3)
+    assert sum(steps) == total  # consecutive stretches of the whole path
+    assert steps[PATH_STEPS.index("launch and sync")] == launch
+    assert all(s > 0 for s in steps)
 
 
 async def test_vector_add_example(client: httpx.AsyncClient, c_guest) -> None:
