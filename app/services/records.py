@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +33,14 @@ _CHUNK = 500
 # (app/node/supervisor.py, FRONT_STOP_S).
 STOP_WAIT_S = 10.0
 STOP_FLUSH_S = 5.0
+
+
+@dataclass
+class _Landed:
+    """What one flush committed before it failed or was cancelled."""
+
+    keys: bool = False  # the keys' last uses
+    rows: set[str] = field(default_factory=set)  # the ids of the records
 
 
 class InvocationRecorder:
@@ -111,6 +120,7 @@ class InvocationRecorder:
                 return
             touched, self._touched = self._touched, {}
             rows, self._pending = self._pending, []
+            landed = _Landed()  # what this flush committed: never queued again
             try:
                 batches = await self._prepare(rows)  # before the turn: the node's writers wait for none of it
                 async with self.turn:
@@ -120,14 +130,18 @@ class InvocationRecorder:
                     # that moment counts too, rare on the call path).
                     process, loop = time.process_time_ns(), time.thread_time_ns()
                     try:
-                        await steps(RECORD_WRITE, self._write(touched, rows, batches))
+                        await steps(RECORD_WRITE, self._write(touched, rows, batches, landed))
                     finally:
                         add_ns(RECORD_WRITE, max(0, (time.process_time_ns() - process) - (time.thread_time_ns() - loop)))
             except BaseException:
                 # kept for the next try (a cancelled one too), bounded so a dead database cannot
-                # exhaust memory
-                keep = rows[-50_000:]
-                self.dropped += len(rows) - len(keep)
+                # exhaust memory; what was committed before the failure (a flush cancelled after
+                # its commit, at a stop) is not: written again it would read as a duplicate
+                if not landed.keys:
+                    self._touched = touched | self._touched  # a newer use noted meanwhile wins
+                unwritten = [r for r in rows if r["id"] not in landed.rows]
+                keep = unwritten[-50_000:]
+                self.dropped += len(unwritten) - len(keep)
                 self._pending = keep + self._pending
                 raise
 
@@ -142,13 +156,15 @@ class InvocationRecorder:
             lap(RECORD_WRITE, t)
         return batches
 
-    async def _write(self, touched: dict[str, datetime], rows: list[dict[str, Any]], batches: list[RecordBatch]) -> None:
+    async def _write(self, touched: dict[str, datetime], rows: list[dict[str, Any]], batches: list[RecordBatch], landed: _Landed) -> None:
+        """Writes the keys' last uses, then the rows, noting in `landed` what was committed."""
         if touched:
             async with self.sessionmaker() as session:
                 repo = ApiKeyRepository(session)
                 for key_id, when in touched.items():
                     await repo.touch(key_id, when)
                 await session.commit()
+                landed.keys = True
         if not rows:
             return
         try:
@@ -158,18 +174,25 @@ class InvocationRecorder:
                     await records.insert_batch(batch)
                 await logs.write(session, logs.rows_of_records(rows), self.log_budget)  # a call's stderr lines with its record
                 await session.commit()
+                landed.rows.update(r["id"] for r in rows)
         except IntegrityError:
             # A tenant deleted while its call ran: its record has nowhere to go. Write the
             # batch row by row so every other record still lands.
-            await self._insert_each(rows)
+            await self._insert_each(rows, landed)
 
-    async def _insert_each(self, rows: list[dict[str, Any]]) -> None:
+    async def _insert_each(self, rows: list[dict[str, Any]], landed: _Landed) -> None:
         for row in rows:
             try:
                 async with self.sessionmaker() as session:
                     await InvocationRepository(session).insert_many([row])
                     await logs.write(session, logs.rows_of_records([row]), self.log_budget)
                     await session.commit()
+                    landed.rows.add(row["id"])
             except IntegrityError:
+                async with self.sessionmaker() as session:
+                    there = await InvocationRepository(session).tenant_of(row["id"]) is not None
+                if there:  # written before (its flush failed after the commit): nothing lost
+                    landed.rows.add(row["id"])
+                    continue
                 self.dropped += 1
                 log.info("dropped the record of invocation %s: its tenant no longer exists", row["id"])

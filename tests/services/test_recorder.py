@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import UTC, datetime
 
 import pytest
 
+from app.db.repositories.invocations import InvocationRepository
 from app.services.records import InvocationRecorder
 from tests.helpers import new_tenant
 
@@ -105,10 +107,10 @@ async def test_a_backlog_is_built_in_pieces_and_written_in_one_transaction(clien
     commits = 0
     real_write = InvocationRecorder._write
 
-    async def write(self, touched, rows, batches):  # type: ignore[no-untyped-def]
+    async def write(self, touched, rows, batches, landed):  # type: ignore[no-untyped-def]
         nonlocal commits
         commits += 1
-        return await real_write(self, touched, rows, batches)
+        return await real_write(self, touched, rows, batches, landed)
 
     monkeypatch.setattr(InvocationRecorder, "_write", write)
     rec = InvocationRecorder(platform.sessionmaker, 60, 10_000)
@@ -200,3 +202,42 @@ async def test_rows_are_kept_when_the_write_fails_before_they_are_sent(client, p
     with pytest.raises(OSError, match="no turn"):
         await rec.flush()
     assert [r["id"] for r in rec._pending] == ids and rec.dropped == 0
+
+
+async def test_a_flush_that_fails_after_its_commit_queues_nothing_again(client, platform, caplog) -> None:
+    """A flush cancelled once its rows are committed (a stop's wait ran out) keeps none of them
+    for the next try; a row written twice all the same is found written, not counted lost."""
+    tid, _ = await new_tenant(client)
+
+    class CancelledAfter:
+        async def __aenter__(self) -> None:
+            return None
+
+        async def __aexit__(self, *_: object) -> None:
+            raise asyncio.CancelledError  # after the write and its commit
+
+    now = datetime.now(UTC)
+
+    def row(i: str) -> dict:
+        return {"id": i, "tenant_id": tid, "function": "f", "version": 1, "status": "succeeded", "created_at": now, "started_at": now,
+                "duration_ms": 1.0, "exit_code": 0, "error": None, "stderr_tail": None}
+
+    rec = InvocationRecorder(platform.sessionmaker, 60, 1000, turn=CancelledAfter())  # type: ignore[arg-type]
+    first = [uuid.uuid4().hex for _ in range(3)]
+    for i in first:
+        rec.record(row(i))
+    with pytest.raises(asyncio.CancelledError):
+        await rec.flush()
+    assert rec._pending == [] and rec.dropped == 0
+
+    again = InvocationRecorder(platform.sessionmaker, 60, 1000)
+    fresh = uuid.uuid4().hex
+    again.record(row(first[0]))  # as a flush cancelled before the fix above would have kept it
+    again.record(row(fresh))
+    with caplog.at_level(logging.INFO):
+        await again.flush()
+    assert again.dropped == 0 and again._pending == []
+    assert "no longer exists" not in caplog.text
+    async with platform.sessionmaker() as s:
+        repo = InvocationRepository(s, tid)
+        assert [await repo.get(i) is not None for i in [*first, fresh]] == [True] * 4
