@@ -40,7 +40,7 @@ class _Landed:
     """What one flush committed before it failed or was cancelled."""
 
     keys: bool = False  # the keys' last uses
-    rows: set[str] = field(default_factory=set)  # the ids of the records
+    rows: set[str] = field(default_factory=set)  # the ids of the records written, or given up (their tenant gone)
 
 
 class InvocationRecorder:
@@ -195,4 +195,5 @@ class InvocationRecorder:
                     landed.rows.add(row["id"])
                     continue
                 self.dropped += 1
+                landed.rows.add(row["id"])  # settled: not tried again if a later row's write fails
                 log.info("dropped the record of invocation %s: its tenant no longer exists", row["id"])
