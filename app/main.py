@@ -105,7 +105,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     platform.executor = Executor(settings, platform.function_cache, node, metrics, app.state.tracing)
     platform.queue = AsyncInvocations(sessionmaker, settings, platform.clock, turn)
     platform.logs = Logs(sessionmaker, settings, platform.flush_records)
-    platform.callback_secrets = CallbackSecrets(sessionmaker, platform.clock)
+    platform.callback_secrets = CallbackSecrets(sessionmaker, platform.clock, platform.function_cache.keys_for(settings))
     front: int | None = app.state.front
     if front is None or front == 0:  # one queue runner per node: per-tenant limits hold node-wide
         platform.queue_runner = QueueRunner(
@@ -113,7 +113,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         metrics.attach_queue(platform.queue_runner)
         platform.callbacks = CallbackDispatcher(
-            sessionmaker, settings, platform.clock, metrics, callback_body, platform.queue.write_lock
+            sessionmaker, settings, platform.clock, metrics, callback_body, platform.callback_secrets, platform.queue.write_lock
         )
         platform.queue_runner.on_finish = lambda session, inv_id, values: write_async_end(session, inv_id, values, settings.log_bytes_per_tenant)
         platform.queue_runner.on_ended = platform.callbacks.wake

@@ -292,12 +292,14 @@ class FunctionLog(Base):
 
 
 class CallbackSecret(Base):
-    """A tenant's key for signing callbacks (HMAC-SHA256), made at its first use, replaced by a rotation."""
+    """A tenant's key for signing callbacks (HMAC-SHA256), made at its first use, replaced by a
+    rotation, sealed with the node key (app/services/callbacks.py, CallbackSecrets)."""
 
     __tablename__ = "callback_secrets"
 
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
-    secret: Mapped[str] = mapped_column(String(128))
+    ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    secret: Mapped[str | None] = mapped_column(String(128), nullable=True)  # in clear, from before 0011: sealed at its first read
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

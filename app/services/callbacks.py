@@ -27,6 +27,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -37,12 +38,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.contract.messages import Principal
-from app.db.models import CallbackDelivery, CallbackSecret, Invocation
+from app.db.models import CallbackDelivery, Invocation
 from app.db.repositories.callbacks import CallbackRepository
 from app.db.repositories.invocations import InvocationRepository
-from app.errors import Invalid
+from app.errors import Invalid, Unavailable
 from app.observability.metrics import Metrics
 from app.queue.states import InvocationStatus
+from app.services.sealing import NodeKey, Unsealable
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -128,35 +130,69 @@ def new_secret() -> str:
     return "whsec_" + secrets.token_urlsafe(32)
 
 
-class CallbackSecrets:
-    """Each tenant's signing secret: made at its first use, replaced by a rotation."""
+@dataclass(frozen=True)
+class SigningSecret:
+    """A tenant's callback signing secret, opened."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock) -> None:
+    value: str
+    created_at: datetime
+
+
+def _aad(tenant_id: str) -> bytes:
+    return f"tensorwasm callback secret {tenant_id}".encode()
+
+
+class CallbackSecrets:
+    """Each tenant's signing secret: made at its first use, replaced by a rotation, kept sealed
+    with the node key (app/services/sealing.py) like the tenants' own secrets. One written
+    before secrets were sealed is sealed at its first read."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], clock: Clock, keys: NodeKey) -> None:
         self.sessionmaker = sessionmaker
         self.clock = clock
+        self.keys = keys
 
-    async def get(self, tenant_id: str) -> CallbackSecret:
+    def _open(self, tenant_id: str, sealed: bytes) -> str:
+        try:
+            return self.keys.box().open(sealed, _aad(tenant_id)).decode("utf-8")
+        except Unsealable:
+            raise Unavailable(
+                "the callback signing secret does not open with this node's secrets key: every node of a cluster must have the "
+                "same TENSORWASM_SECRETS_KEY; ask the operator (or rotate the secret)", code="secrets_key_mismatch",
+            ) from None
+
+    def _seal(self, tenant_id: str, value: str) -> bytes:
+        return self.keys.box().seal(value.encode("utf-8"), _aad(tenant_id))
+
+    async def get(self, tenant_id: str) -> SigningSecret:
         async with self.sessionmaker() as session:
             repo = CallbackRepository(session)
             row = await repo.secret(tenant_id)
-            if row is not None:
-                return row
-            try:
-                row = await repo.put_secret(tenant_id, new_secret(), self.clock())
+            if row is not None and row.ciphertext is not None:
+                return SigningSecret(self._open(tenant_id, row.ciphertext), row.created_at)
+            if row is not None and row.secret:  # written in clear by an older version: sealed now
+                value = row.secret
+                row.ciphertext, row.secret = self._seal(tenant_id, value), None
                 await session.commit()
-                return row
+                return SigningSecret(value, row.created_at)
+            value = new_secret()
+            try:
+                row = await repo.put_secret(tenant_id, self._seal(tenant_id, value), self.clock())
+                await session.commit()
+                return SigningSecret(value, row.created_at)
             except IntegrityError:  # made at the same moment elsewhere: that one
                 await session.rollback()
         async with self.sessionmaker() as session:
             row = await CallbackRepository(session).secret(tenant_id)
-            assert row is not None
-            return row
+            assert row is not None and row.ciphertext is not None
+            return SigningSecret(self._open(tenant_id, row.ciphertext), row.created_at)
 
-    async def rotate(self, tenant: Principal) -> CallbackSecret:
+    async def rotate(self, tenant: Principal) -> SigningSecret:
+        value = new_secret()
         async with self.sessionmaker() as session:
-            row = await CallbackRepository(session).put_secret(tenant.id, new_secret(), self.clock())
+            row = await CallbackRepository(session).put_secret(tenant.id, self._seal(tenant.id, value), self.clock())
             await session.commit()
-            return row
+            return SigningSecret(value, row.created_at)
 
 
 class CallbackDispatcher:
@@ -164,7 +200,8 @@ class CallbackDispatcher:
 
     def __init__(
         self, sessionmaker: async_sessionmaker[AsyncSession], settings: Settings, clock: Clock, metrics: Metrics, render: Render,
-        write_lock: contextlib.AbstractAsyncContextManager[Any] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+        signing: CallbackSecrets, write_lock: contextlib.AbstractAsyncContextManager[Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.settings = settings
@@ -172,7 +209,7 @@ class CallbackDispatcher:
         self.metrics = metrics
         self.render = render
         self.write_lock = write_lock or contextlib.nullcontext()  # SQLite: the queue's writes take turns
-        self.secrets = CallbackSecrets(sessionmaker, clock)
+        self.secrets = signing
         self._http = httpx.AsyncClient(timeout=settings.callback_timeout_s, follow_redirects=False, transport=transport)
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Task[None]] = set()
@@ -233,7 +270,7 @@ class CallbackDispatcher:
                 inv = await InvocationRepository(session, d.tenant_id).get(invocation_id, data=False) if d else None
             if d is None or inv is None:
                 return  # its invocation or tenant was deleted meanwhile
-            secret = (await self.secrets.get(d.tenant_id)).secret
+            secret = (await self.secrets.get(d.tenant_id)).value
             first = d.first_attempt_at or self.clock()
             code, error = await self._post(d, inv, secret)
         except Exception as exc:  # never lose the delivery to a bug: it is tried again like a failed POST

@@ -11,10 +11,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from app.errors import Unavailable
 from tests.helpers import deploy, new_tenant, submit, wait_status, wat
 
 
@@ -177,3 +181,40 @@ async def test_callback_gives_up_after_the_retry_time(app_factory: Callable[...,
             await asyncio.sleep(0.05)
         assert rec["callback"]["status"] == "failed" and rec["callback"]["last_status_code"] == 503
         assert 2 <= rec["callback"]["attempts"] == len(hook.got) <= 10
+
+
+async def test_the_signing_secret_is_kept_sealed(client: httpx.AsyncClient, platform: Any, tmp_path: Path) -> None:
+    """At rest the callback signing secret is sealed with the node key, as tenants' secrets are;
+    one written in clear by an older version is sealed at its first read, unchanged; a node with
+    another key says so instead of signing with something else."""
+    from app.db.models import CallbackSecret
+    from app.services.callbacks import CallbackSecrets
+    from app.services.sealing import NodeKey
+    from tests.helpers import make_settings
+
+    tid, key = await new_tenant(client)
+    secret = (await client.get("/v1/callbacks/secret", headers=key)).json()["secret"]
+    async with platform.sessionmaker() as s:
+        row = await s.get(CallbackSecret, tid)
+        assert row.secret is None and row.ciphertext and secret.encode() not in row.ciphertext
+
+    old, key2 = await new_tenant(client)
+    async with platform.sessionmaker() as s:  # as a version before sealing wrote it
+        s.add(CallbackSecret(tenant_id=old, secret="whsec_written_in_clear", created_at=datetime.now(UTC)))
+        await s.commit()
+    r = await client.get("/v1/callbacks/secret", headers=key2)
+    assert r.status_code == 200 and r.json()["secret"] == "whsec_written_in_clear"
+    async with platform.sessionmaker() as s:
+        row = await s.get(CallbackSecret, old)
+        assert row.secret is None and b"written_in_clear" not in row.ciphertext
+    assert (await client.get("/v1/callbacks/secret", headers=key2)).json()["secret"] == "whsec_written_in_clear"
+
+    rotated = (await client.post("/v1/callbacks/secret", headers=key)).json()["secret"]
+    async with platform.sessionmaker() as s:
+        row = await s.get(CallbackSecret, tid)
+        assert row.secret is None and rotated.encode() not in row.ciphertext
+
+    other_node = CallbackSecrets(platform.sessionmaker, platform.clock, NodeKey(make_settings("sqlite://", tmp_path / "other")))
+    with pytest.raises(Unavailable) as refused:
+        await other_node.get(tid)
+    assert refused.value.code == "secrets_key_mismatch" and "TENSORWASM_SECRETS_KEY" in refused.value.message

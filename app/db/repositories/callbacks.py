@@ -56,12 +56,12 @@ class CallbackRepository:
     async def secret(self, tenant_id: str) -> CallbackSecret | None:
         return await self.session.get(CallbackSecret, tenant_id)
 
-    async def put_secret(self, tenant_id: str, secret: str, now: datetime) -> CallbackSecret:
+    async def put_secret(self, tenant_id: str, sealed: bytes, now: datetime) -> CallbackSecret:
         row = await self.session.get(CallbackSecret, tenant_id)
         if row is None:
-            row = CallbackSecret(tenant_id=tenant_id, secret=secret, created_at=now)
+            row = CallbackSecret(tenant_id=tenant_id, ciphertext=sealed, created_at=now)
             self.session.add(row)
         else:
-            row.secret, row.created_at = secret, now
+            row.ciphertext, row.secret, row.created_at = sealed, None, now
         await self.session.flush()
         return row
