@@ -9,6 +9,9 @@
 # Environment:
 #   TENSORWASM_DATABASE_URL  required, a PostgreSQL URL (the database must exist; it is migrated here)
 #   TENSORWASM_ADMIN_TOKEN   required: every node must share one
+#   TENSORWASM_SECRETS_KEY   the key sealing tenants' secrets, which every node must share
+#                            (default: one generated once into CLUSTER_DIR/secrets_key, 0600,
+#                            and read from there on later runs)
 #   CLUSTER_NODES            nodes to start (default 2)
 #   CLUSTER_LISTEN           nginx's address (default 127.0.0.1:8080)
 #   CLUSTER_NODE_PORTS       the nodes' ports, space-separated (default 8081, 8082, ...), on 127.0.0.1
@@ -43,7 +46,16 @@ if [ ${#PORTS[@]} -eq 0 ]; then
     for i in $(seq "$NODES"); do PORTS+=($((8080 + i))); done
 fi
 [ ${#PORTS[@]} -eq "$NODES" ] || die "CLUSTER_NODE_PORTS names ${#PORTS[@]} ports for $NODES nodes"
-export TENSORWASM_DATABASE_URL TENSORWASM_ADMIN_TOKEN
+if [ -z "${TENSORWASM_SECRETS_KEY:-}" ]; then
+    # each node would otherwise generate a key of its own into its data dir, and no node could
+    # open the secrets another sealed
+    if [ ! -s "$DIR/secrets_key" ]; then
+        (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >"$DIR/secrets_key")
+        say "generated the nodes' secrets key into $DIR/secrets_key (keep it with the database's backups)"
+    fi
+    TENSORWASM_SECRETS_KEY=$(cat "$DIR/secrets_key")
+fi
+export TENSORWASM_DATABASE_URL TENSORWASM_ADMIN_TOKEN TENSORWASM_SECRETS_KEY
 
 pids=()
 nginx_pid=

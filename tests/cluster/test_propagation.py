@@ -84,3 +84,21 @@ def test_admin_and_deploy_changes_reach_every_node_within_the_bound(live: Cluste
 
     print("\n" + ", ".join(f"{what}: {s:.2f} s" for what, s in took.items()))
     assert max(took.values()) <= BOUND_S, took
+
+
+def test_a_secret_sealed_through_one_node_opens_on_every_node(live: Cluster, c_guest: Callable[[str], bytes]) -> None:
+    """Every node has the same secrets key (deploy/cluster/up.sh gives them one): a secret set
+    through one node reaches the function's calls on every node, and the callback signing
+    secret read through one node is the one every other node signs with."""
+    a = live.nodes[0]
+    _, key = live.tenant("s")
+    r = httpx.put(f"{a.url}/v1/secrets/TOKEN", content=b"sealed-on-node-1", headers=key, timeout=10)
+    assert r.status_code == 201, r.text
+    assert live.deploy(key, "probe", c_guest("wasi_probe.c"), url=a.url, arg=["env"], secret=["TOKEN"]).status_code == 201
+    for node in live.nodes:
+        r = httpx.post(f"{node.url}/v1/functions/probe/invoke", headers=key, timeout=30)
+        assert r.status_code == 200 and "TOKEN=sealed-on-node-1" in r.text, (node.name, r.text)
+    secrets = {httpx.get(f"{n.url}/v1/callbacks/secret", headers=key, timeout=10).json()["secret"] for n in live.nodes}
+    assert len(secrets) == 1
+    key_file = live.dir / "secrets_key"
+    assert key_file.stat().st_mode & 0o777 == 0o600

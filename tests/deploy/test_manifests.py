@@ -77,9 +77,13 @@ def test_compose_publishes_no_default_secret() -> None:
     for name, svc in doc["services"].items():
         for port in svc.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
-        token = (svc.get("environment") or {}).get("TENSORWASM_ADMIN_TOKEN")
+        env = svc.get("environment") or {}
+        token = env.get("TENSORWASM_ADMIN_TOKEN")
         if token is not None:
             assert token.startswith("${TENSORWASM_ADMIN_TOKEN:?"), f"{name}'s admin token has a default: {token}"
+            # the nodes share one secrets key, given: each would otherwise generate its own, and
+            # a secret sealed on one node would not open on another
+            assert env.get("TENSORWASM_SECRETS_KEY", "").startswith("${TENSORWASM_SECRETS_KEY:?"), name
     assert "ports" not in doc["services"]["api-1"] and "ports" not in doc["services"]["postgres"]
 
 
@@ -90,6 +94,11 @@ def test_kubernetes_applies_no_placeholder_secret_and_names_the_documented_image
     pod = next(d for d in applied if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
     assert images == {"tensorwasm:cuda"}
+    # every pod seals and opens secrets with the one key of the operator's Secret
+    (api,) = pod["containers"]
+    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}) for e in api["env"]}
+    assert env["TENSORWASM_SECRETS_KEY"] == {"name": "tensorwasm", "key": "secrets-key"}
+    assert "--from-literal=secrets-key=" in (ROOT / "docs" / "operations.md").read_text()
     # the image the docs say how to build, from the Dockerfile's CUDA target
     assert "docker build --target cuda -t tensorwasm:cuda ." in (ROOT / "docs" / "operations.md").read_text()
     assert re.search(r"^FROM \S+ AS cuda$", (ROOT / "Dockerfile").read_text(), re.M)
