@@ -102,7 +102,10 @@ def bench_invoke(args: argparse.Namespace) -> int:
 
     print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
     wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
-    env = {"TENSORWASM_PROCESSES": str(procs), "TENSORWASM_MAX_WORKERS": str(args.workers), "TENSORWASM_WARM_SPARES": "2"}
+    env = {
+        "TENSORWASM_PROCESSES": str(procs), "TENSORWASM_MAX_WORKERS": str(args.workers), "TENSORWASM_WARM_SPARES": "2",
+        "TENSORWASM_PHASE_CLOCK": PhaseClock.WALL.value,  # the default, whatever this shell exports
+    }
     with node_process(**env) as (base, node_pid), httpx.Client(base_url=base, timeout=60) as client:
         url = f"{base}/v1/functions/echo/invoke"
         hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
@@ -150,7 +153,8 @@ def bench_invoke(args: argparse.Namespace) -> int:
         replaced = observed.replaced(after) - observed.replaced(first)
 
     print("node again, its phases timed with the CPU clock", file=sys.stderr)
-    with node_process(**env, TENSORWASM_PHASE_CLOCK=PhaseClock.CPU.value) as (base, node_pid), httpx.Client(base_url=base, timeout=60) as client:
+    profiling = env | {"TENSORWASM_PHASE_CLOCK": PhaseClock.CPU.value}
+    with node_process(**profiling) as (base, node_pid), httpx.Client(base_url=base, timeout=60) as client:
         url = f"{base}/v1/functions/echo/invoke"
         hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
         _post(url, 8, 2, hot)
@@ -269,7 +273,8 @@ def _report(
     if profiled is not None:  # the second node: the same runs, its phases timed with the CPU clock
         for c, spent in profiled.phases.items():
             node, plain = profiled.runs[c], r[f"node_c{c}"]
-            _line(f"c={c}: node with the CPU phase clock req/s | / the node above", f"{node.goodput:.0f} | {node.goodput / plain.goodput:.2f}x")
+            share = f"{node.goodput / plain.goodput:.2f}x" if plain.goodput else "-"
+            _line(f"c={c}: node with the CPU phase clock req/s | / the node above", f"{node.goodput:.0f} | {share}")
             _phase_lines(c, spent, fronts_cpu_us(profiled.cpu_use.get(c, {}), procs))
     if c32_split is not None:  # what a worker waits on between runs: "rest" is spent holding it
         call, wait, run = c32_split.mean_us()

@@ -29,7 +29,7 @@ class PhaseClock(StrEnum):
     # wakes its peer (a run's frame to the worker, an answer to the client) often hands it this core
     WALL = "wall"
     # this thread's CPU time: exact however busy the host, but a reading is a system call
-    # (~0.2-1 µs): for profiling (`bench invoke` runs its node with it), not always on
+    # (~0.2-1 µs): for profiling (`bench invoke` runs its second node with it), not always on
     CPU = "cpu"
 
 

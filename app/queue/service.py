@@ -153,7 +153,7 @@ class AsyncInvocations:
         # after it would hold SQLite's lock while the next writer in turn waits for it
         async with self.write_lock, self.sessionmaker() as session:
             repo = InvocationRepository(session, tenant.id)
-            inv = await repo.get(invocation_id)
+            inv = await repo.get(invocation_id, data=False)  # its input stays in the database
             if inv is None:
                 raise NotFound.of("invocation")
             if InvocationStatus(inv.status).ended:

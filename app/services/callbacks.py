@@ -165,27 +165,28 @@ class CallbackSecrets:
         return self.keys.box().seal(value.encode("utf-8"), _aad(tenant_id))
 
     async def get(self, tenant_id: str) -> SigningSecret:
-        async with self.sessionmaker() as session:
-            repo = CallbackRepository(session)
-            row = await repo.secret(tenant_id)
-            if row is not None and row.ciphertext is not None:
-                return SigningSecret(self._open(tenant_id, row.ciphertext), row.created_at)
-            if row is not None and row.secret:  # written in clear by an older version: sealed now
-                value = row.secret
-                row.ciphertext, row.secret = self._seal(tenant_id, value), None
-                await session.commit()
-                return SigningSecret(value, row.created_at)
-            value = new_secret()
-            try:
-                row = await repo.put_secret(tenant_id, self._seal(tenant_id, value), self.clock())
-                await session.commit()
-                return SigningSecret(value, row.created_at)
-            except IntegrityError:  # made at the same moment elsewhere: that one
-                await session.rollback()
-        async with self.sessionmaker() as session:
-            row = await CallbackRepository(session).secret(tenant_id)
-            assert row is not None and row.ciphertext is not None
-            return SigningSecret(self._open(tenant_id, row.ciphertext), row.created_at)
+        for _ in range(3):  # a few tries: each loses only to a writer that changed the row meanwhile
+            async with self.sessionmaker() as session:
+                repo = CallbackRepository(session)
+                row = await repo.secret(tenant_id)
+                if row is not None and row.ciphertext is not None:
+                    return SigningSecret(self._open(tenant_id, row.ciphertext), row.created_at)
+                if row is not None and row.secret:  # written in clear by an older version: sealed now
+                    value, created = row.secret, row.created_at
+                    # only while the row still holds that value: a rotation that committed since
+                    # is never undone
+                    if await repo.seal_clear_secret(tenant_id, value, self._seal(tenant_id, value)):
+                        await session.commit()
+                        return SigningSecret(value, created)
+                    continue
+                value = new_secret()
+                try:
+                    row = await repo.put_secret(tenant_id, self._seal(tenant_id, value), self.clock())
+                    await session.commit()
+                    return SigningSecret(value, row.created_at)
+                except IntegrityError:  # made at the same moment elsewhere: read that one
+                    await session.rollback()
+        raise Unavailable("the callback signing secret was changed by other writers at every try; retry", retry_after=1)
 
     async def rotate(self, tenant: Principal) -> SigningSecret:
         value = new_secret()
@@ -264,19 +265,26 @@ class CallbackDispatcher:
         return len(claimed)
 
     async def _attempt(self, invocation_id: str) -> None:
+        d: CallbackDelivery | None = None
+        first = self.clock()
+        code: int | None
+        error: str | None
         try:
             async with self.sessionmaker() as session:
                 d = await session.get(CallbackDelivery, invocation_id)
                 inv = await InvocationRepository(session, d.tenant_id).get(invocation_id, data=False) if d else None
             if d is None or inv is None:
                 return  # its invocation or tenant was deleted meanwhile
-            secret = (await self.secrets.get(d.tenant_id)).value
-            first = d.first_attempt_at or self.clock()
-            code, error = await self._post(d, inv, secret)
+            first = d.first_attempt_at or first
+            try:
+                secret = (await self.secrets.get(d.tenant_id)).value
+            except Unavailable as exc:  # nothing to sign with on this node (its secrets key is not the cluster's)
+                code, error = None, f"{exc.code}: {exc.message}"[:1000]
+            else:
+                code, error = await self._post(d, inv, secret)
         except Exception as exc:  # never lose the delivery to a bug: it is tried again like a failed POST
             log.exception("sending the callback of invocation %s failed", invocation_id)
-            code, error, first = None, f"internal error: {type(exc).__name__}", self.clock()
-            d = None
+            code, error = None, f"internal error: {type(exc).__name__}"
         now = self.clock()
         attempts = (d.attempts if d else 0) + 1
         values: dict[str, Any] = {"attempts": attempts, "last_status_code": code, "last_error": error, "first_attempt_at": first}

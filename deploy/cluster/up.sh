@@ -49,7 +49,12 @@ fi
 if [ -z "${TENSORWASM_SECRETS_KEY:-}" ]; then
     # each node would otherwise generate a key of its own into its data dir, and no node could
     # open the secrets another sealed
-    if [ ! -s "$DIR/secrets_key" ]; then
+    if [ ! -s "$DIR/secrets_key" ] && [ -s "$DIR/node-1/secrets_key" ]; then
+        # a cluster dir from before the nodes shared a key: node-1's key goes on opening what
+        # node-1 sealed (what another node sealed with its own key stays sealed: set it again)
+        (umask 077 && cp "$DIR/node-1/secrets_key" "$DIR/secrets_key")
+        say "the nodes now share node-1's secrets key ($DIR/secrets_key)"
+    elif [ ! -s "$DIR/secrets_key" ]; then
         (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >"$DIR/secrets_key")
         say "generated the nodes' secrets key into $DIR/secrets_key (keep it with the database's backups)"
     fi

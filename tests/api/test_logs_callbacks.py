@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -218,3 +219,54 @@ async def test_the_signing_secret_is_kept_sealed(client: httpx.AsyncClient, plat
     with pytest.raises(Unavailable) as refused:
         await other_node.get(tid)
     assert refused.value.code == "secrets_key_mismatch" and "TENSORWASM_SECRETS_KEY" in refused.value.message
+
+    # a rotation that lands between a read of a clear secret and its sealing is not undone
+    racer, key3 = await new_tenant(client)
+    async with platform.sessionmaker() as s:
+        s.add(CallbackSecret(tenant_id=racer, secret="whsec_old_in_clear", created_at=datetime.now(UTC)))
+        await s.commit()
+    from app.db.repositories.callbacks import CallbackRepository
+
+    real = CallbackRepository.seal_clear_secret
+
+    async def rotated_first(self: CallbackRepository, tenant_id: str, value: str, sealed: bytes) -> bool:
+        if tenant_id == racer and value == "whsec_old_in_clear":
+            async with platform.sessionmaker() as other:  # another node rotates, and commits first
+                await CallbackRepository(other).put_secret(racer, platform.callback_secrets._seal(racer, "whsec_rotated"), datetime.now(UTC))
+                await other.commit()
+        return await real(self, tenant_id, value, sealed)
+
+    CallbackRepository.seal_clear_secret = rotated_first  # type: ignore[method-assign]
+    try:
+        assert (await client.get("/v1/callbacks/secret", headers=key3)).json()["secret"] == "whsec_rotated"
+    finally:
+        CallbackRepository.seal_clear_secret = real  # type: ignore[method-assign]
+
+
+async def test_a_callback_that_cannot_be_signed_fails_after_the_retry_time(app_factory: Callable[..., Any], server_database_url: str) -> None:
+    """A node whose secrets key does not open the tenant's signing secret sends nothing unsigned:
+    each attempt fails, backs off and the delivery ends `failed` within its retry time."""
+    from app.db.models import CallbackSecret
+    from app.services.callbacks import _aad
+    from app.services.sealing import SecretBox
+
+    async with app_factory(
+        database_url=server_database_url, callback_allow_private=True, callback_backoff_s=0.1, callback_poll_s=0.05,
+        callback_retry_s=0.5,
+    ) as (client, platform), receiver(*[200] * 10) as hook:
+        tid, key = await new_tenant(client)
+        assert (await deploy(client, key, "talker", wat("echo_stderr"))).status_code == 201
+        async with platform.sessionmaker() as s:  # sealed by a node with another key
+            s.add(CallbackSecret(tenant_id=tid, ciphertext=SecretBox(os.urandom(32)).seal(b"whsec_x", _aad(tid)), created_at=datetime.now(UTC)))
+            await s.commit()
+        assert (await client.get("/v1/callbacks/secret", headers=key)).json()["error"]["code"] == "secrets_key_mismatch"
+        inv = (await submit(client, key, "talker", b"x", headers={"X-Callback-Url": hook.url})).json()["id"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            rec = (await client.get(f"/v1/invocations/{inv}", headers=key)).json()
+            if rec["callback"]["status"] == "failed":
+                break
+            await asyncio.sleep(0.05)
+        assert rec["callback"]["status"] == "failed" and rec["callback"]["last_status_code"] is None
+        assert rec["callback"]["last_error"].startswith("secrets_key_mismatch")
+        assert 2 <= rec["callback"]["attempts"] <= 10 and hook.got == []

@@ -56,6 +56,17 @@ class CallbackRepository:
     async def secret(self, tenant_id: str) -> CallbackSecret | None:
         return await self.session.get(CallbackSecret, tenant_id)
 
+    async def seal_clear_secret(self, tenant_id: str, value: str, sealed: bytes) -> bool:
+        """Replace a secret held in clear by its sealed form, if the row still holds `value` in
+        clear; False when another writer changed it first."""
+        res = await self.session.execute(
+            update(CallbackSecret)
+            .where(CallbackSecret.tenant_id == tenant_id, CallbackSecret.ciphertext.is_(None), CallbackSecret.secret == value)
+            .values(ciphertext=sealed, secret=None)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(res.rowcount)  # type: ignore[attr-defined]
+
     async def put_secret(self, tenant_id: str, sealed: bytes, now: datetime) -> CallbackSecret:
         row = await self.session.get(CallbackSecret, tenant_id)
         if row is None:
