@@ -44,7 +44,7 @@ from app.db.repositories.invocations import InvocationRepository
 from app.errors import Invalid, Unavailable
 from app.observability.metrics import Metrics
 from app.queue.states import InvocationStatus
-from app.services.sealing import NodeKey, Unsealable
+from app.services.sealing import NodeKey, Unsealable, key_mismatch
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -156,10 +156,7 @@ class CallbackSecrets:
         try:
             return self.keys.box().open(sealed, _aad(tenant_id)).decode("utf-8")
         except Unsealable:
-            raise Unavailable(
-                "the callback signing secret does not open with this node's secrets key: every node of a cluster must have the "
-                "same TENSORWASM_SECRETS_KEY; ask the operator (or rotate the secret)", code="secrets_key_mismatch",
-            ) from None
+            raise key_mismatch("the callback signing secret", "ask the operator (or rotate the secret)") from None
 
     def _seal(self, tenant_id: str, value: str) -> bytes:
         return self.keys.box().seal(value.encode("utf-8"), _aad(tenant_id))

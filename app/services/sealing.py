@@ -27,6 +27,7 @@ import stat
 import time
 from pathlib import Path
 
+from app.errors import Unavailable
 from app.settings import Settings
 
 KEY_BYTES = 32
@@ -38,6 +39,14 @@ _BLOCK = 32  # bytes of one SHA-256 keystream block
 
 class Unsealable(Exception):
     """A sealed value did not open: another node key sealed it, or it was altered."""
+
+
+def key_mismatch(what: str, then: str = "ask the operator") -> Unavailable:
+    """The error for a sealed value this node's key does not open (503 `secrets_key_mismatch`)."""
+    return Unavailable(
+        f"{what} does not open with this node's secrets key: every node of a cluster must have the same "
+        f"TENSORWASM_SECRETS_KEY; {then}", code="secrets_key_mismatch",
+    )
 
 
 class SecretBox:

@@ -16,7 +16,7 @@ from app.db.repositories.secrets import SecretRepository
 from app.db.repositories.tenants import TenantRepository
 from app.errors import Conflict, Invalid, NotFound, Unavailable
 from app.services.guest_inputs import CGI_VARIABLES, ENV_KEY
-from app.services.sealing import NodeKey, Unsealable
+from app.services.sealing import NodeKey, Unsealable, key_mismatch
 
 MAX_SECRET_BYTES = 64 * 1024  # of one value
 MAX_FUNCTION_SECRETS = 64  # a function may name
@@ -129,8 +129,5 @@ async def open_secrets(session: AsyncSession, tenant_id: str, names: Sequence[st
         try:
             out[name] = box.open(sealed[name], _aad(tenant_id, name)).decode("utf-8")
         except Unsealable:
-            raise Unavailable(
-                f"secret {name!r} does not open with this node's secrets key: every node of a cluster must have the same "
-                "TENSORWASM_SECRETS_KEY; ask the operator", code="secrets_key_mismatch",
-            ) from None
+            raise key_mismatch(f"secret {name!r}") from None
     return out
