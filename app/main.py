@@ -12,6 +12,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagge
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from opentelemetry.sdk.trace.export import SpanExporter
+from starlette.types import ASGIApp
 
 from app import __version__
 from app.api.errors import install_error_handlers
@@ -197,6 +198,15 @@ def install_docs(app: FastAPI) -> None:
         )
 
 
+class _App(FastAPI):
+    def build_middleware_stack(self) -> ASGIApp:
+        # a plain invoke call is served ahead of every layer (app/api/fastpath.py); tracing's
+        # instrumentation wants FastAPI's own layer outermost, and every traced call goes
+        # through FastAPI anyway
+        stack = super().build_middleware_stack()
+        return stack if self.state.tracing.enabled else InvokeFastPath(stack, self)
+
+
 def create_app(
     settings: Settings | None = None, span_exporter: SpanExporter | None = None, node_socket: str | None = None, front: int | None = None,
     freeze_heap: bool = False,
@@ -204,7 +214,7 @@ def create_app(
     """`node_socket`: run as front number `front` of a node of several, asking the supervisor
     listening there for leases; None: the whole node (scheduler and workers) in this process.
     `freeze_heap`: a serving process's (app/node): what startup built leaves the collector's sight."""
-    app = FastAPI(
+    app = _App(
         title="TensorWasm",
         version=__version__,
         description="Multi-tenant WebAssembly functions over HTTP, with guest-launched CUDA kernels.",
@@ -228,7 +238,6 @@ def create_app(
     for r in (health.router, invoke.router, admin.router, functions.router, async_invoke.router, invocations.router, kernels.router, usage.router,
               secrets.router, logs.router, callbacks.router):
         app.include_router(r)
-    app.add_middleware(InvokeFastPath, fastapi=app)  # inside the observability middleware: counted alike
     app.add_middleware(AuthGate, fastapi=app)  # credentials before any route reads a body
     app.add_middleware(ObservabilityMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
     app.state.tracing.instrument(app)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
-from starlette.types import Message
+from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive
 
 from app.api.errors import ApiError
 from app.services.body_budget import BodyHold
@@ -20,7 +21,26 @@ def _too_large(limit: int, what: str) -> ApiError:
 async def read_limited(request: Request, limit: int, what: str = "the request body", hold: BodyHold | None = None) -> bytes:
     """The whole body, at most `limit` bytes; with `hold`, counted against the tenant's bodies in
     flight (the declared length before a byte is read, then whatever arrives past it)."""
-    declared = request.headers.get("content-length")
+    return await collect_body(request.stream(), request.headers.get("content-length"), limit, what, hold)
+
+
+async def receive_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """A body's chunks straight from the server (what `Request.stream` gives, without a Request)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def collect_body(
+    chunks: AsyncIterator[bytes], declared: str | None, limit: int, what: str = "the request body", hold: BodyHold | None = None,
+) -> bytes:
+    """`read_limited` over a body's chunks and its declared Content-Length."""
     if declared is not None:
         try:
             size = int(declared)
@@ -31,7 +51,7 @@ async def read_limited(request: Request, limit: int, what: str = "the request bo
         if hold is not None and size > 0:
             hold.grow(size)
     buf = bytearray()
-    async for chunk in request.stream():
+    async for chunk in chunks:
         buf += chunk
         if len(buf) > limit:
             raise _too_large(limit, what)

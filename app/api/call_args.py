@@ -17,9 +17,16 @@ MAX_VERSION = 2**31 - 1  # the column's range
 
 
 def call_args(request: Request) -> list[str] | None:
+    return parse_args(request.headers.get(HEADER))
+
+
+def call_version(request: Request) -> int | None:
+    return parse_version(request.headers.get(VERSION_HEADER))
+
+
+def parse_args(raw: str | None) -> list[str] | None:
     """The call's arguments, or None when it passes none (the function's defaults apply).
     Not JSON: 400; not an array of strings within the bounds: 422."""
-    raw = request.headers.get(HEADER)
     if raw is None:
         return None
     try:
@@ -33,10 +40,9 @@ def call_args(request: Request) -> list[str] | None:
     return check_args(value, "X-Function-Args")
 
 
-def call_version(request: Request) -> int | None:
+def parse_version(raw: str | None) -> int | None:
     """The version the call pins, or None (the active one runs). Not a number: 400; out of
     range: 422. A version the function does not keep answers 404 version_not_found later."""
-    raw = request.headers.get(VERSION_HEADER)
     if raw is None:
         return None
     text = raw.strip()

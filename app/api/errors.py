@@ -137,11 +137,14 @@ def handler_for(app: FastAPI, exc: Exception) -> ErrorHandler | None:
     return None
 
 
-async def handle(app: FastAPI, request: Request, exc: Exception) -> Response:
-    """`exc` answered by the app's own handler, as from a route; re-raised when it has none."""
+async def handle(app: FastAPI, request: Request, exc: Exception, last_resort: bool = False) -> Response:
+    """`exc` answered by the app's own handler, as from a route; re-raised when it has none, or
+    with `last_resort` answered by the app's handler for Exception (a 500)."""
     handler = handler_for(app, exc)
     if handler is None:
-        raise exc
+        if not last_resort:
+            raise exc
+        handler = app.exception_handlers[Exception]
     if inspect.iscoroutinefunction(handler):
         return cast(Response, await handler(request, exc))
     return cast(Response, await run_in_threadpool(handler, request, exc))

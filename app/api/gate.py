@@ -15,7 +15,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import admit_admin, admit_tenant, cached_tenant
 from app.api.errors import handle
+from app.contract.messages import Principal
 from app.observability.phases import AUTH, clock, lap
+from app.platform import Platform
 
 _V1, _ADMIN = "/v1/", "/v1/admin"
 
@@ -30,28 +32,41 @@ class AuthGate:
         if scope["type"] != "http" or not path.startswith(_V1):
             await self.app(scope, receive, send)
             return
-        t = clock()
         platform = self.fastapi.state.platform
-        header = b""
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                header = value
-                break
-        client = scope.get("client")
-        address = client[0] if client else None
         try:
             if path == _ADMIN or path.startswith(_ADMIN + "/"):
-                await admit_admin(platform, header, address)
+                await admit_admin(platform, _authorization(scope), _address(scope))
                 scope.setdefault("state", {})["admin"] = True
             else:
-                principal = cached_tenant(platform, header)
-                if principal is None:  # a key not seen lately (read from the database) or a refusal: not timed
-                    principal = await admit_tenant(platform, header, address)
-                else:
-                    lap(AUTH, t)
-                scope.setdefault("state", {})["principal"] = principal
+                await gate_tenant(platform, scope)
         except Exception as exc:  # a refusal, a disabled tenant, the database out of reach
             response = await handle(self.fastapi, Request(scope, receive), exc)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+async def gate_tenant(platform: Platform, scope: Scope) -> Principal:
+    """The calling tenant from the request's head, left in its state for the route; raises the
+    refusal (401, 403, 429)."""
+    t = clock()
+    header = _authorization(scope)
+    principal = cached_tenant(platform, header)
+    if principal is None:  # a key not seen lately (read from the database) or a refusal: not timed
+        principal = await admit_tenant(platform, header, _address(scope))
+    else:
+        lap(AUTH, t)
+    scope.setdefault("state", {})["principal"] = principal
+    return principal
+
+
+def _authorization(scope: Scope) -> bytes:
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            return bytes(value)
+    return b""
+
+
+def _address(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None

@@ -8,21 +8,30 @@ import anyio
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from app.contract.frames import Payload
 from app.services.streaming import SLICE, slices
 
 
+async def send_sliced(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: Payload | memoryview) -> None:
+    """A whole answer (its Content-Length among `headers`), its body in slices of at most SLICE
+    bytes, each sent once the server took the previous one."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    if len(body) <= SLICE:
+        await send({"type": "http.response.body", "body": body})
+        return
+    end = len(body)
+    for i, piece in enumerate(slices(body), 1):
+        await send({"type": "http.response.body", "body": piece, "more_body": i * SLICE < end})
+
+
 class SlicedResponse(Response):
-    """A Response whose body (its Content-Length set up front) goes out in slices of at most
-    SLICE bytes, each sent once the server took the previous one."""
+    """A Response whose body goes out as `send_sliced` sends it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if len(self.body) <= SLICE:
             await super().__call__(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        end = len(self.body)
-        for i, piece in enumerate(slices(self.body), 1):
-            await send({"type": "http.response.body", "body": piece, "more_body": i * SLICE < end})
+        await send_sliced(send, self.status_code, self.raw_headers, self.body)
         if self.background is not None:
             await self.background()
 

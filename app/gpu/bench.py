@@ -2,7 +2,8 @@
 
 Run on a GPU machine. Each guest figure is timed inside the guest (WASI monotonic clock) by
 examples/kernel_runner.c, so HTTP and process hops are excluded; each baseline is the same
-work done directly with CuPy in this process.
+work done directly with CuPy in this process, before the guests and again after them, and the
+guest is judged against the faster of the two.
 """
 
 from __future__ import annotations
@@ -85,30 +86,41 @@ def bench_gpu(args: argparse.Namespace) -> int:
     tiny = cp.RawModule(code=TINY).get_function("tiny")
     scale = cp.RawModule(code=SCALE).get_function("scale2")
     x = cp.zeros(256, dtype=cp.float32)
-    for _ in range(100):
-        tiny((1,), (256,), (x, np.int32(256)))
-    cp.cuda.Device().synchronize()
-    per = []
-    for _ in range(7):
-        t0_ns = time.perf_counter_ns()
-        for _ in range(1000):
-            tiny((1,), (256,), (x, np.int32(256)))
-        cp.cuda.Device().synchronize()
-        per.append((time.perf_counter_ns() - t0_ns) / 1000)
-    res["raw_launch_us"] = statistics.median(per) / 1e3
-
     n = (4 << 20) // 4
     host = np.random.default_rng().standard_normal(n).astype(np.float32)
-    paths = []
-    for _ in range(15):
-        t0_ns = time.perf_counter_ns()
-        d = cp.empty(n, dtype=cp.float32)
-        d.set(host)
-        scale((n // 256,), (256,), (d, np.int32(n)))
-        out = d.get()
-        paths.append(time.perf_counter_ns() - t0_ns)
-    assert np.allclose(out, host * 2)
-    res["raw_4mib_path_us"] = statistics.median(paths[3:]) / 1e3
+
+    def raw_launch_us() -> float:
+        """Median µs per launch: 7 rounds of 1000 launches, each then synchronized."""
+        for _ in range(100):
+            tiny((1,), (256,), (x, np.int32(256)))
+        cp.cuda.Device().synchronize()
+        per = []
+        for _ in range(7):
+            t0_ns = time.perf_counter_ns()
+            for _ in range(1000):
+                tiny((1,), (256,), (x, np.int32(256)))
+            cp.cuda.Device().synchronize()
+            per.append((time.perf_counter_ns() - t0_ns) / 1000)
+        return statistics.median(per) / 1e3
+
+    def raw_path_us() -> float:
+        """Median µs of the 4 MiB path: a new buffer, host to device, the kernel, device to host."""
+        paths = []
+        for _ in range(15):
+            t0_ns = time.perf_counter_ns()
+            d = cp.empty(n, dtype=cp.float32)
+            d.set(host)
+            scale((n // 256,), (256,), (d, np.int32(n)))
+            out = d.get()
+            paths.append(time.perf_counter_ns() - t0_ns)
+        assert np.allclose(out, host * 2)
+        return statistics.median(paths[3:]) / 1e3
+
+    # The baselines are taken before the guests and again after them (they move by a third or
+    # more between runs minutes apart on one host); each guest figure is judged against the
+    # faster of the two, so a slow moment of the host never flatters the guest.
+    res["raw_launch_us"] = raw_launch_us()
+    res["raw_4mib_path_us"] = raw_path_us()
 
     m = 4096
     A = cp.random.standard_normal((m, m), dtype=cp.float32)
@@ -124,7 +136,7 @@ def bench_gpu(args: argparse.Namespace) -> int:
         cp.cuda.Device().synchronize()
         gem.append((time.perf_counter_ns() - t0_ns) / 10)
     res["raw_gemm4096_ms"] = statistics.median(gem) / 1e6
-    del A, B, C, d
+    del A, B, C
     cp.get_default_memory_pool().free_all_blocks()
 
     # ---- guests ------------------------------------------------------------------------------
@@ -186,6 +198,11 @@ def bench_gpu(args: argparse.Namespace) -> int:
             _median_guest_ns(client, h, gemm, 1)
             res["guest_gemm4096_ms"] = _median_guest_ns(client, h, gemm, 3) / 10 / 1e6
 
+    res["raw_launch_after_us"] = raw_launch_us()
+    res["raw_4mib_path_after_us"] = raw_path_us()
+    raw_launch = min(res["raw_launch_us"], res["raw_launch_after_us"])
+    raw_path = min(res["raw_4mib_path_us"], res["raw_4mib_path_after_us"])
+
     # ---- where the guest's time goes: the parts, in this process --------------------------------
     parts: dict[str, tuple[float, float]] = {}
     try:
@@ -201,19 +218,21 @@ def bench_gpu(args: argparse.Namespace) -> int:
         print(f"the parts could not be timed: {type(exc).__name__}: {exc}")
 
     rows = [
-        ("guest launch / raw CuPy launch", res["guest_launch_us"] / res["raw_launch_us"], "<= 1.2x", lambda r: r <= 1.2),
-        ("guest 4 MiB path / raw CuPy (managed memory)", res["guest_4mib_path_us"] / res["raw_4mib_path_us"], "<= 1.1x", lambda r: r <= 1.1),
-        ("guest 4 MiB path / raw CuPy (device memory)", res["guest_4mib_path_device_mem_us"] / res["raw_4mib_path_us"], "<= 1.3x", lambda r: r <= 1.3),
+        ("guest launch / raw CuPy launch", res["guest_launch_us"] / raw_launch, "<= 1.2x", lambda r: r <= 1.2),
+        ("guest 4 MiB path / raw CuPy (managed memory)", res["guest_4mib_path_us"] / raw_path, "<= 1.1x", lambda r: r <= 1.1),
+        ("guest 4 MiB path / raw CuPy (device memory)", res["guest_4mib_path_device_mem_us"] / raw_path, "<= 1.3x", lambda r: r <= 1.3),
         ("std gemm_f32 4096 / cupy.matmul (speed)", res["raw_gemm4096_ms"] / res["guest_gemm4096_ms"], ">= 0.8x", lambda r: r >= 0.8),
         ("GPU cold start (ms, warm spare)", res["gpu_cold_start_ms"], "<= 20 ms", lambda r: r <= 20),
     ]
+    print(f"\nraw CuPy, before the guests / after them: launch {res['raw_launch_us']:.2f} / {res['raw_launch_after_us']:.2f} us, "
+          f"4 MiB path {res['raw_4mib_path_us']:.1f} / {res['raw_4mib_path_after_us']:.1f} us (each ratio below is against the faster)")
     print(f"\n{'metric':42} {'value':>8}  {'target':9} ok")
     for name, value, target, ok in rows:
         print(f"{name:42} {value:8.2f}  {target:9} {'yes' if ok(value) else 'NO'}")
     if "abi_launch_host_us" in res and "prepared_launch_us" in res:
         print(
             f"\nguest launch {res['guest_launch_us']:.2f} us: the ABI's host path {res['abi_launch_host_us']:.2f} us "
-            f"(no kernel) + the prepared cuLaunchKernel {res['prepared_launch_us']:.2f} us; raw CuPy {res['raw_launch_us']:.2f} us"
+            f"(no kernel) + the prepared cuLaunchKernel {res['prepared_launch_us']:.2f} us; raw CuPy {raw_launch:.2f} us"
         )
     if parts:
         print(f"\n{'4 MiB path step (us)':24} {'backend':>9} {'raw CuPy':>9}")

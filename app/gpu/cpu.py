@@ -65,3 +65,6 @@ class CpuBackend:
 
     def end_invocation(self) -> None:
         pass
+
+    def warm_idle(self) -> None:
+        pass

@@ -22,6 +22,7 @@ from app.kernels.std_numpy import STD
 
 log = logging.getLogger(__name__)
 
+_MAX_RESIDENT = 4096  # prefetched blocks remembered; past it, each is prefetched once more
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred (managed memory included)
 _CTYPES: dict[str, type[ctypes._SimpleCData[Any]]] = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
 _NP_CTYPES: dict[np.dtype[Any], type[ctypes._SimpleCData[Any]]] = {
@@ -107,9 +108,12 @@ class CudaBackend:
         self.stream.use()
         self._ptx_dir = cache_dir / "ptx"
         self._ptx_dir.mkdir(parents=True, exist_ok=True)
-        self._compiled: dict[str, Any] = {}  # source sha256 -> RawModule (this worker's cache)
+        # (format, source) -> RawModule, this worker's cache: a dict lookup, no hash of the source per call
+        self._compiled: dict[tuple[int, bytes], Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}  # (module, name) -> resolved CUfunction
         self._prefetch = True
+        self._resident: set[tuple[int, int]] = set()  # managed blocks prefetched once (alloc)
+        self._unzeroed: dict[int, int] = {}  # block address -> size: allocated, not yet zeroed
         self._segments: Segments = _whole  # guest-memory pieces, pinned where the worker allows
         self.compile_hits = 0
         self.compile_misses = 0
@@ -118,10 +122,9 @@ class CudaBackend:
         self.std.compile()
         # resolved once: looking a function up through RawModule re-keys the whole std source
         self._std_fns = {n: self._function(self.std.get_function(n)) for n in STD if n != "gemm_f32"}
-        # warm cuBLAS (handle creation costs ~100 ms) so a tenant's first gemm does not pay it
-        w = cupy.ones((8, 8), dtype=cupy.float32)
-        cupy.matmul(w, w)
-        self.stream.synchronize()
+        # cuBLAS's handle (~100 ms) is made in warm_idle, not here: a start is on the path of the
+        # calls that wait for it, and the driver creates contexts one after another per host
+        self._blas_ready = False
 
     # -- memory ---------------------------------------------------------------------------
     def set_cap(self, cap_bytes: int) -> None:
@@ -134,20 +137,38 @@ class CudaBackend:
             raise BackendError(
                 Code.QUOTA_EXCEEDED, f"buffer_alloc: the device pool could not provide {size} bytes"
             ) from None
-        if self._prefetch and self.managed:
+        if self._prefetch and self.managed and (mem.ptr, size) not in self._resident:
+            # A pooled block comes back for the tenant's next call where its pages were left:
+            # on the device (copies and kernels never move them to the host), unless the driver
+            # evicted them under oversubscription, when the next kernel faults them back. So a
+            # block is prefetched once, not at each alloc (~75 us of a 4 MiB path on an H200).
             try:
                 self.rt.memPrefetchAsync(mem.ptr, size, self.device_id, self.stream.ptr)
             except Exception:  # older/newer runtimes differ in signature: prefetch is an optimisation
                 self._prefetch = False
-        try:
-            self.rt.memsetAsync(mem.ptr, 0, size, self.stream.ptr)
-        except Exception as exc:
-            raise BackendError(Code.DEVICE_ERROR, f"buffer_alloc: the device failed: {_short(exc)}") from None
+            else:
+                if len(self._resident) >= _MAX_RESIDENT:
+                    self._resident.clear()
+                self._resident.add((mem.ptr, size))
+        # Zeroed at its first use, unless that use is a write of the whole buffer: the guest
+        # sees zeros wherever it did not write, and a buffer filled by one write is not zeroed
+        # first (the zeroing was ~40-70 us of a 4 MiB path's alloc on an H200 host).
+        self._unzeroed[mem.ptr] = size
         return mem
+
+    def _zeroed(self, mem: Any, what: str) -> None:
+        """Zero `mem` now if nothing has been done with it since its alloc (stream ordered)."""
+        size = self._unzeroed.pop(mem.ptr, None)
+        if size is not None:
+            try:
+                self.rt.memsetAsync(mem.ptr, 0, size, self.stream.ptr)
+            except Exception as exc:
+                raise BackendError(Code.DEVICE_ERROR, f"{what}: the device failed: {_short(exc)}") from None
 
     def free(self, buf: Any) -> None:
         # Dropping the last reference returns the block to the pool. CuPy's pool is stream
         # ordered, so a block still used by queued work on our stream is reused only after it.
+        self._unzeroed.pop(buf.ptr, None)
         del buf
 
     def _memcpy(self, what: str, dst: int, src: int, length: int) -> None:
@@ -165,6 +186,12 @@ class CudaBackend:
         self.rt.hostRegister(addr, length, 0)
 
     def write(self, buf: Any, offset: int, src_addr: int, length: int) -> None:
+        size = self._unzeroed.get(buf.ptr)
+        if size is not None:
+            if offset == 0 and length >= size:
+                del self._unzeroed[buf.ptr]  # every byte is written: nothing to zero
+            else:
+                self._zeroed(buf, "buffer_write")
         dst = buf.ptr + offset
         segments = self._segments(src_addr, length)
         for addr, n, _ in segments:
@@ -175,6 +202,7 @@ class CudaBackend:
             self.synchronize()
 
     def read(self, buf: Any, offset: int, dst_addr: int, length: int) -> None:
+        self._zeroed(buf, "buffer_read")
         src = buf.ptr + offset
         for addr, n, pinned in self._segments(dst_addr, length):
             if not pinned:
@@ -183,34 +211,36 @@ class CudaBackend:
         self.synchronize()
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, length: int) -> None:
+        self._zeroed(dst, "buffer_copy")
+        self._zeroed(src, "buffer_copy")
         self._memcpy("buffer_copy", dst.ptr + dst_offset, src.ptr + src_offset, length)
 
     def view(self, buf: Any, offset: int) -> Any:
+        self._zeroed(buf, "launch")  # a std kernel's buffer argument
         return (buf, offset)
 
     # -- kernels --------------------------------------------------------------------------
     def load_module(self, source: bytes, fmt: int) -> _Module:
-        key = hashlib.sha256(bytes([fmt]) + source).hexdigest()
-        raw = self._compiled.get(key)
+        raw = self._compiled.get((fmt, source))  # a guest loads the same source at every call
         if raw is not None:
             self.compile_hits += 1
-        else:
-            self.compile_misses += 1
-            try:
-                if fmt == FORMAT_PTX:
-                    path = self._ptx_dir / f"{key}.ptx"
-                    path.write_bytes(source)
-                    raw = self.cp.RawModule(path=str(path))
-                    raw.get_function  # noqa: B018 - loaded lazily; force below
-                    raw.module  # noqa: B018
-                else:
-                    raw = self.cp.RawModule(code=source.decode("utf-8"), options=("-std=c++17",))
-                    raw.compile()
-            except UnicodeDecodeError:
-                raise BackendError(Code.COMPILE_FAILED, "module_load: CUDA source must be UTF-8 text") from None
-            except Exception as exc:  # CompileException, CUDADriverError (bad PTX)
-                raise BackendError(Code.COMPILE_FAILED, f"module_load: {_short(exc)}") from None
-            self._compiled[key] = raw
+            return _Module(raw, std=False)
+        self.compile_misses += 1
+        try:
+            if fmt == FORMAT_PTX:
+                path = self._ptx_dir / f"{hashlib.sha256(bytes([fmt]) + source).hexdigest()}.ptx"
+                path.write_bytes(source)
+                raw = self.cp.RawModule(path=str(path))
+                raw.get_function  # noqa: B018 - loaded lazily; force below
+                raw.module  # noqa: B018
+            else:
+                raw = self.cp.RawModule(code=source.decode("utf-8"), options=("-std=c++17",))
+                raw.compile()
+        except UnicodeDecodeError:
+            raise BackendError(Code.COMPILE_FAILED, "module_load: CUDA source must be UTF-8 text") from None
+        except Exception as exc:  # CompileException, CUDADriverError (bad PTX)
+            raise BackendError(Code.COMPILE_FAILED, f"module_load: {_short(exc)}") from None
+        self._compiled[(fmt, source)] = raw
         return _Module(raw, std=False)
 
     def get_function(self, module: _Module, name: str) -> Any:
@@ -237,7 +267,17 @@ class CudaBackend:
         values = [ctypes.c_uint64(a[0].ptr + a[1]) if p == "buf" else _CTYPES[p](a) for p, a in zip(params, args, strict=True)]
         return self._prepared(self._std_fns[name], grid, block, 0, values)
 
+    def warm_idle(self) -> None:
+        """Make cuBLAS's handle, so that a tenant's first gemm does not pay it (the worker calls
+        this once it has waited a moment with nothing to do; a gemm before makes it anyway)."""
+        if not self._blas_ready:
+            w = self.cp.ones((8, 8), dtype=self.cp.float32)
+            self.cp.matmul(w, w)
+            self.stream.synchronize()
+            self._blas_ready = True
+
     def _gemm(self, args: list[Any]) -> None:
+        self._blas_ready = True
         cp = self.cp
         (a, ao), (b, bo), (c, co), m, n, k = args
         if m == 0 or n == 0:
@@ -251,6 +291,9 @@ class CudaBackend:
         cp.matmul(A, B, out=C)
 
     def prepare(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, args: list[Any]) -> Callable[[], None]:
+        for arg in args:
+            if isinstance(arg, tuple):  # (buffer, offset): a kernel may read what it was never given
+                self._zeroed(arg[0], "launch")
         return self._prepared(self._function(fn), grid, block, shared, [self._param(a) for a in args])
 
     @staticmethod
@@ -289,7 +332,9 @@ class CudaBackend:
 
     def end_invocation(self) -> None:
         # Pooled blocks stay cached for the next call of the same tenant (a worker never
-        # changes tenant); every new buffer is zeroed at alloc, so nothing carries over.
+        # changes tenant); every new buffer is zeroed before its first use but a whole write,
+        # so nothing carries over. This call's buffers are gone with its handles.
+        self._unzeroed.clear()
         self.synchronize()
 
 

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import wasmtime
-
 from app.gpu.signatures import Code
 
 
@@ -53,7 +51,6 @@ class Instance:
         self.kernels = kernels
         self.launches = 0
         self.device_error: str | None = None
-        self.memory: wasmtime.Memory | None = None  # the guest's exported memory, looked up once
         self.region: Any = None  # that memory's GuestMemory region, when the worker provides it
         # prepared launches: (fn, dims, raw args) -> (buffers to revalidate, thunk)
         self.launch_cache: dict[tuple[Any, ...], tuple[tuple[tuple[int, Any], ...], Callable[[], None]]] = {}

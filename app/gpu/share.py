@@ -6,11 +6,13 @@ therefore charges its tenant the time its context has work outstanding, and hold
 launch while its tenant is above its weighted share of the device's recent time and another
 tenant wants the device (docs/architecture.md, "GPU time by tenant").
 
-One file for the node, mapped by the scheduler and every GPU worker, one row per worker (the scheduler hands out rows and
-clears a dead worker's row). A row: the tenant's key, the device, the tenant's `gpu_weight`, the
-decayed time charged to the row (half-life `HALF_LIFE_S`), whether its context is busy or held,
-when it was last active, and its total (the `tensorwasm_gpu_seconds_total` counter). A worker
-writes only its own row; a decision reads the device's rows under one `flock`.
+One file for the node, mapped by the scheduler and every GPU worker, one row per worker (the
+scheduler hands out rows and clears a dead worker's row). A row: the tenant's key, the device, the
+tenant's `gpu_weight`, the decayed time charged to the row (half-life `HALF_LIFE_S`), whether its
+context is busy (or held), when it was last active, until when it wants the device, and its total
+(the `tensorwasm_gpu_seconds_total` counter). A worker writes only its own row; a decision reads
+the device's rows under one `flock`, once a look without it has found another tenant wanting the
+device.
 
 Charging: a busy period starts at the launch that finds the context idle and ends at the
 synchronize that drains it. At its start the worker charges what its last period took (so that a
@@ -53,13 +55,13 @@ _FIELDS: tuple[tuple[str, type], ...] = (
     ("tenant", np.uint64),
     ("device", np.int32),
     ("busy", np.int32),
-    ("waiting", np.int32),
     ("weight", np.float64),
     ("usage", np.float64),  # decayed seconds charged, as of `stamp`
     ("stamp", np.float64),
     ("active", np.float64),  # when the row's context last ended a busy period (monotonic s)
     ("since", np.float64),  # when its current busy period started
     ("total", np.float64),  # seconds charged since the row was bound
+    ("wants", np.float64),  # until when the row wants its device (busy, held, or lingering)
 )
 SHARE_FILE = "gpu-share-"  # in the supervisor's run directory (the data directory of a one-process node)
 
@@ -173,20 +175,27 @@ class ShareTable:
         m["total"][row] += took
         m["active"][row] = now
         m["busy"][row] = 0
-        m["waiting"][row] = 0
+        m["wants"][row] = now + self.linger_s
 
-    def set_state(self, row: int, waiting: bool, now: float) -> None:
-        """The row's context is busy (it has launched), held back too when `waiting`."""
+    def mark_busy(self, row: int, now: float) -> None:
+        """The row's context has launched, or is held back from launching: it wants the device."""
         m = self.m
         if not m["busy"][row]:
             m["since"][row] = now
             m["busy"][row] = 1
-        m["waiting"][row] = int(waiting)
+            m["wants"][row] = now + STALE_S  # a busy row older than that is a dead context's
 
     def decide(self, row: int, now: float, upfront: float = 0.0) -> Decision:
         """May this row's context launch now? Yes when no other tenant wants its device, or when
         its tenant's weighted usage is within `ALLOWANCE_S` of the least-served tenant that does;
         when yes, `upfront` is charged in the same step (so the tenant's other contexts see it)."""
+        if not self._others_want(row, now):
+            # no other tenant wants the device: allowed without the lock or the weighed step
+            # (131-204 us a call on a GPU host); the charge is this row's own, which only its
+            # worker writes
+            if upfront:
+                self.charge(row, upfront, now)
+            return Decision(True, math.inf)
         with self._locked():
             decision = self._decide(row, now)
             if decision.allowed and upfront:
@@ -194,15 +203,23 @@ class ShareTable:
                 return Decision(True, decision.margin - upfront)
             return decision
 
+    def _others_want(self, row: int, now: float) -> bool:
+        """Does a row of another tenant want this row's device? Read without the lock: the rows
+        that want a device now are few (a tenant's own busy contexts, mostly)."""
+        m = self.m
+        tenant, device = m["tenant"], m["device"]
+        mine, dev = tenant[row], device[row]
+        for r in np.flatnonzero(self.a["wants"] > now).tolist():
+            if device[r] == dev and tenant[r] != mine and tenant[r] != 0:
+                return True
+        return False
+
     def _decide(self, row: int, now: float) -> Decision:
         a = self.a
         mine = a["tenant"][row]
         on = (a["device"] == a["device"][row]) & (a["tenant"] != 0)
         tenants = a["tenant"][on]
-        busy = a["busy"][on] != 0
-        stale = busy & (now - a["since"][on] > STALE_S)
-        wants = (busy | (a["waiting"][on] != 0) | (now - a["active"][on] < self.linger_s)) & ~stale
-        others = wants & (tenants != mine)
+        others = (a["wants"][on] > now) & (tenants != mine)
         if not others.any():
             return Decision(True, math.inf)
         usage = a["usage"][on] * np.exp2(-np.maximum(now - a["stamp"][on], 0.0) / HALF_LIFE_S)
@@ -257,7 +274,7 @@ class ContextShare:
         if self._since is None:  # the context was idle: a busy period starts
             upfront = self._last
             if self._held_from is None:
-                self.table.set_state(self.row, waiting=False, now=now)
+                self.table.mark_busy(self.row, now)
             if now < self.next_check and self._margin >= upfront:
                 # allowed a moment ago with room to spare: no need to ask again
                 self._go(now, upfront, self._margin)
@@ -280,7 +297,7 @@ class ContextShare:
             return True
         if self._held_from is None:
             self._held_from = now
-            self.table.set_state(self.row, waiting=True, now=now)
+            self.table.mark_busy(self.row, now)
         return False
 
     def _go(self, now: float, charge: float, margin: float, charged: float = 0.0) -> None:
@@ -296,7 +313,6 @@ class ContextShare:
         if self._held_from is not None:
             self.held_s += now - self._held_from
             self._held_from = None
-            self.table.set_state(self.row, waiting=False, now=now)
 
     def idle(self) -> None:
         """The context's work is done (a synchronize returned): settle the period's charge."""

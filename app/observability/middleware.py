@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 from app.observability import context as ctx
@@ -20,7 +21,7 @@ log = logging.getLogger("tensorwasm.access")
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
-def _tenant(scope: dict[str, Any]) -> str | None:
+def _tenant(scope: MutableMapping[str, Any]) -> str | None:
     """The calling tenant's name: set in the log context when its key was checked (the gate or
     a route's dependency), else the principal the gate left in the scope."""
     name = ctx.tenant.get()
@@ -28,6 +29,32 @@ def _tenant(scope: dict[str, Any]) -> str | None:
         return name
     principal = scope.get("state", {}).get("principal")
     return getattr(principal, "name", None)
+
+
+def start_request(scope: MutableMapping[str, Any]) -> bytes:
+    """A request's id (the client's own when it is short and plain, else a new one), set in the
+    log context with the tenant and invocation cleared; returns it for the `X-Request-Id` header."""
+    rid = None
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            if _REQUEST_ID.fullmatch(v):  # anything else is replaced, never echoed
+                rid = v.decode("ascii")
+            break
+    rid = rid or os.urandom(8).hex()
+    ctx.request_id.set(rid)
+    ctx.tenant.set(None)
+    ctx.invocation_id.set(None)
+    return rid.encode("latin-1")
+
+
+def end_request(metrics: Metrics, access_log: bool, scope: MutableMapping[str, Any], template: str, status: int, elapsed: float) -> None:
+    """The request counted under its route's template, and its access line."""
+    t = clock()
+    method = scope["method"]
+    metrics.request(method, template, status, elapsed)
+    lap(METRICS, t)
+    if access_log and log.isEnabledFor(logging.INFO):  # one line per request, once answered (or abandoned)
+        log.info("%s %s %d %.1fms tenant=%s", method, template, status, elapsed * 1000, _tenant(scope) or "-")
 
 
 class ObservabilityMiddleware:
@@ -44,18 +71,8 @@ class ObservabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                if _REQUEST_ID.fullmatch(v):  # anything else is replaced, never echoed
-                    rid = v.decode("ascii")
-                break
-        rid = rid or os.urandom(8).hex()
-        ctx.request_id.set(rid)
-        ctx.tenant.set(None)
-        ctx.invocation_id.set(None)
         status = 500
-        rid_header = (b"x-request-id", rid.encode("latin-1"))
+        rid_header = (b"x-request-id", start_request(scope))
 
         async def send_wrapper(message: dict[str, Any]) -> None:
             nonlocal status
@@ -68,12 +85,6 @@ class ObservabilityMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            elapsed = time.perf_counter() - t0
-            t = clock()
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            method = scope["method"]
-            self.metrics.request(method, template, status, elapsed)
-            lap(METRICS, t)
-            if self.access_log and log.isEnabledFor(logging.INFO):  # one line per request, once answered (or abandoned)
-                log.info("%s %s %d %.1fms tenant=%s", method, template, status, elapsed * 1000, _tenant(scope) or "-")
+            end_request(self.metrics, self.access_log, scope, template, status, time.perf_counter() - t0)

@@ -37,7 +37,7 @@ from typing import Any
 from app.gpu.share import ShareTable
 from app.node.admission import AdmissionTable
 from app.scheduler.devices import Device, Inventory
-from app.scheduler.spares import ArrivalRate, StartTimes, spare_target
+from app.scheduler.spares import ArrivalRate, StartTimes, spare_target, surge_rate
 from app.settings import Settings
 from app.worker.forkserver import ForkServer
 from app.worker.handle import StartRefused, WorkerHandle, WorkerState
@@ -167,6 +167,14 @@ class WorkerPool:
         """Spares to keep per device now: `warm_spares`, more while new tenants arrive."""
         s = self.settings
         return spare_target(self.arrivals.rate(), self.start_times.typical(), len(self.devices), s.warm_spares, s.max_warm_spares)
+
+    def spares_short(self) -> None:
+        """A new tenant found no spare ready: keep twice as many ahead (within
+        `max_warm_spares`) while the arrivals last, and start them now."""
+        typical = self.start_times.typical()
+        if typical and self.settings.warm_spares > 0:
+            self.arrivals.at_least(surge_rate(self.spare_target(), typical, len(self.devices)))
+        self.ensure_spares()
 
     def _may_keep_spare(self, d: Device, have: int) -> bool:
         """Below `warm_spares` a spare starts wherever a context may; one kept for arrivals to come

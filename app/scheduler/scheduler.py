@@ -362,6 +362,7 @@ class Scheduler:
         waiting = True
         place = _InLine(cap)
         self._line.append(place)
+        short = False
         try:
             while True:
                 for w in ts.workers:
@@ -394,6 +395,9 @@ class Scheduler:
                             self.pool.arrivals.note()
                         self._routes_changed(ts.principal.id)
                         return spare
+                    if not short and not ts.workers:
+                        short = True  # once a call: a new tenant found no spare ready
+                        self.pool.spares_short()
                     eta = self.pool.start_eta(cap)
                     if eta is not None and eta > deadline:
                         raise NoCapacity(

@@ -9,6 +9,11 @@ binds, and asks how long a start takes and how many spares to keep.
   second at once, and a node whose binds stop reads ~0 a few seconds later.
 - Spares kept per device: (rate x start time + 1) over the node, spread over its devices, at
   least `warm_spares` and at most `max_warm_spares` each (`warm_spares` 0 keeps none at all).
+- A new tenant that finds no spare ready is a measurement too: the spares kept were fewer than
+  the tenants arriving. The rate is raised to the one that keeps twice as many (`surge_rate`),
+  so a burst doubles the spares under way at each such call instead of waiting for its binds to
+  add up (the binds of a burst come only as fast as starts, and a rate read from them alone
+  kept the starts under way too few for the burst's later tenants).
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ class ArrivalRate:
     def rate(self) -> float:
         return self._value * math.exp(-(self.clock() - self._at) / self.tau_s)
 
+    def at_least(self, rate: float) -> None:
+        """The rate is at least `rate` from now (decaying from there as before)."""
+        if self.rate() < rate:
+            self._value, self._at = rate, self.clock()
+
     def note(self) -> None:
         """A tenant that held no worker was bound one."""
         now = self.clock()
@@ -64,3 +74,9 @@ def spare_target(rate: float, start_s: float | None, devices: int, warm_spares: 
         return max(0, warm_spares)
     node = 1 + math.ceil(max(0.0, rate * start_s - NOISE))  # a decaying rate never quite reaches 0
     return max(warm_spares, min(max_warm_spares, math.ceil(node / max(1, devices))))
+
+
+def surge_rate(target: int, start_s: float, devices: int) -> float:
+    """The arrival rate at which `spare_target` keeps twice `target` spares per device."""
+    node = 2 * max(1, target) * max(1, devices)
+    return (node - 1 + NOISE / 2) / start_s  # half the noise: clear of rounding at the ceiling

@@ -163,11 +163,22 @@ class _Worker:
         self.tenant_id: str | None = None
         self.worker_id = ""
         self.secret = b""
+        self.route_mac = b""  # the bound tenant's route token, made at its bind (the same on every run)
         # A lease admits one run: the supervisor leases a worker to one call at a time, so a
         # lease seen before (the current one or an older one) is spent.
         self.lease_id = ""
         self.past: deque[str] = deque(maxlen=64)
         self.kernels_version = ""  # of the kernel set the host holds (none at bind)
+        self.deferred = True  # the backend's warm-up left off its start (`warm_idle`)
+
+    def do_deferred(self) -> None:
+        """The backend's deferred warm-up, once the worker has waited IDLE_WORK_AFTER_S for work
+        (a worker busy before then makes cuBLAS's handle at its tenant's first gemm instead)."""
+        self.deferred = False
+        try:
+            self.host.backend.warm_idle()
+        except Exception as exc:  # the call that needs it makes it again, and fails there if it must
+            logging.getLogger(__name__).warning("the backend's warm-up failed: %s", exc)
 
     def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:
         """Handle one message from the pipe; False when the worker should exit."""
@@ -181,7 +192,7 @@ class _Worker:
             if msg.share_path and msg.share_row >= 0:
                 self.host.share = _share(msg)
             self.host.set_kernels(msg.kernels or {})
-            self.tenant_id, self.worker_id, self.secret = msg.tenant_id, msg.worker_id, msg.secret
+            self.bind_tokens(msg.tenant_id, msg.worker_id, msg.secret)
             self.kernels_version = ""
             self.stats.set("gpu_bytes_cap", msg.gpu_memory_bytes)
             write_frame(out, Done())
@@ -193,6 +204,12 @@ class _Worker:
             write_frame(out, Failed(error=f"unexpected message {type(msg).__name__}"))
         return True
 
+    def bind_tokens(self, tenant_id: str, worker_id: str, secret: bytes) -> None:
+        """The tokens this worker takes from now on: its bound tenant's, made with `secret`."""
+        self.tenant_id, self.worker_id, self.secret = tenant_id, worker_id, secret
+        # a route's token is the same on every run of the tenant: made once, not an HMAC per run
+        self.route_mac = lease_mac(secret, "", worker_id, tenant_id) if secret else b""
+
     def admit(self, msg: Run) -> str | None:
         """Why a front's run may not start, or None when its token holds: a lease's (one run) or
         a route's (the bound tenant's runs, sent by fronts without asking the supervisor)."""
@@ -201,10 +218,10 @@ class _Worker:
             return "no lease for this worker"
         if lease.tenant_id != self.tenant_id:
             return "the lease is for another tenant"
+        if not lease.lease_id:  # a route's token
+            return None if hmac.compare_digest(lease.mac, self.route_mac) else "bad lease token"
         if not hmac.compare_digest(lease.mac, lease_mac(self.secret, lease.lease_id, self.worker_id, lease.tenant_id)):
             return "bad lease token"
-        if not lease.lease_id:
-            return None
         if lease.lease_id == self.lease_id or lease.lease_id in self.past:
             return "the lease was used"
         if self.lease_id:
@@ -262,6 +279,11 @@ class _Worker:
         self.stats.set("launches", self.host.launches_total)
 
 
+# A worker with nothing to do this long does its deferred warm-up: long enough that a spare bound
+# within a burst of new tenants is not found busy with it (at 50 ms, the bound-in-turn p50 doubled)
+IDLE_WORK_AFTER_S = 1.0
+
+
 def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str) -> int:
     """Serve the control pipe and fronts' connections on a unix socket.
 
@@ -317,7 +339,10 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
 
     try:
         while True:
-            for key, _ in sel.select(0 if waiting else None):
+            events = sel.select(0 if waiting else (IDLE_WORK_AFTER_S if worker.deferred else None))
+            if not events and not waiting and worker.deferred:
+                worker.do_deferred()
+            for key, _ in events:
                 if key.fileobj is proto_in:
                     frame = read_frame(proto_in)
                     if frame is None or not worker.control(frame[0], frame[1], proto_out):

@@ -54,7 +54,14 @@ def _auth_failures(platform: Any, outcome: str) -> float:
     return float(platform.metrics.registry.get_sample_value("tensorwasm_auth_failures_total", {"outcome": outcome}) or 0)
 
 
-async def test_an_address_failing_too_often_waits_and_valid_callers_do_not(client: httpx.AsyncClient, platform: Any) -> None:
+async def test_an_address_failing_too_often_waits_and_valid_callers_do_not(app_factory: Any) -> None:
+    # A slow rate: with the default 5 a second the burst and one more must all fail within 0.2 s
+    # to see the refusal, and each failure is a database lookup (a CI run on PostgreSQL took longer)
+    async with app_factory(auth_failures_per_s=0.1, auth_failure_burst=5) as (client, platform):
+        await _guesser_waits(client, platform)
+
+
+async def _guesser_waits(client: httpx.AsyncClient, platform: Any) -> None:
     refused, throttled = _auth_failures(platform, "refused"), _auth_failures(platform, "throttled")
     _, key = await new_tenant(client)
     assert (await client.get("/v1/functions", headers=key)).status_code == 200  # cached now

@@ -164,6 +164,12 @@ async def test_callback_arrives_signed_and_is_retried(app_factory: Callable[...,
         assert rotated != secret and (await client.get("/v1/callbacks/secret", headers=key)).json()["secret"] == rotated
 
 
+# callbacks to a local receiver, given up 2 s after the first attempt: about 5 attempts (backing
+# off from 0.1 s, doubling), at least 2 even where an attempt is slow (a database read and an
+# unsealing each, on a busy host)
+SHORT_RETRIES = {"callback_allow_private": True, "callback_backoff_s": 0.1, "callback_poll_s": 0.05, "callback_retry_s": 2.0}
+
+
 async def _callback_failed(client: httpx.AsyncClient, key: dict[str, str], inv: str) -> dict[str, Any]:
     """The invocation's record once its callback ended `failed` (or as it is after 20 s)."""
     deadline = time.monotonic() + 20
@@ -178,8 +184,7 @@ async def test_callback_gives_up_after_the_retry_time(app_factory: Callable[...,
     # a database of its own: the session's app, which allows no private address, would take
     # these deliveries too and count a refused attempt
     async with app_factory(
-        database_url=server_database_url, callback_allow_private=True, callback_backoff_s=0.1, callback_poll_s=0.05,
-        callback_retry_s=0.5,
+        database_url=server_database_url, **SHORT_RETRIES,
     ) as (client, _), receiver(*[503] * 100) as hook:
         _, key = await new_tenant(client)
         assert (await deploy(client, key, "talker", wat("echo_stderr"))).status_code == 201
@@ -256,8 +261,7 @@ async def test_a_callback_that_cannot_be_signed_fails_after_the_retry_time(app_f
     from app.services.sealing import SecretBox
 
     async with app_factory(
-        database_url=server_database_url, callback_allow_private=True, callback_backoff_s=0.1, callback_poll_s=0.05,
-        callback_retry_s=0.5,
+        database_url=server_database_url, **SHORT_RETRIES,
     ) as (client, platform), receiver(*[200] * 10) as hook:
         tid, key = await new_tenant(client)
         assert (await deploy(client, key, "talker", wat("echo_stderr"))).status_code == 201

@@ -239,3 +239,29 @@ def test_the_fronts_cpu_per_call_is_split_by_phase_from_the_nodes_counters(capsy
     one = Loaded(runs={256: _result(1.0)}, cpu_use={256: {Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 50.0, 0.9)}}, phases={256: run})
     _report(_results([3.0]), 1, 8, profiled=one)
     assert _line(capsys.readouterr().out, "  other").split()[-2:] == ["33.0", "(66.0%)"]
+
+
+def test_the_call_paths_targets_are_judged_and_a_two_core_host_has_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([3.0])
+    r["bareN_c1"], r["relay_c1"], r["floor_c1"] = _result(0.4), _result(0.6), _result(0.7)  # p50s 0.2, 0.3, 0.35 ms
+    r["node_c1"], r["bare1_c32"] = _result(0.9), replace(_result(1.0), requests=2500)  # p50 0.45 ms; 2,500 req/s
+    roles = {
+        Role.FRONT: RoleCpu(Role.FRONT, 8, 280.0, 0.8), Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 2.0, 0.01),
+        Role.WORKER: RoleCpu(Role.WORKER, 8, 300.0, 0.4),
+    }
+    split32 = Split(calls=1000, call_s=1.0, wait_s=0.1, run_s=0.2)  # the guest's run: 200 us a call
+    _report(r, 8, 8, cpu_use={32: roles}, c32_split=split32)
+    out = capsys.readouterr().out
+    assert _line(out, "c=1 p50: node / bare").split()[-4:] == ["2.25x", "<=", "2.0x", "NO"]
+    assert _line(out, "c=1 p50: node / one hop + guest").split()[-4:] == ["1.29x", "<=", "1.3x", "yes"]
+    assert _line(out, "c=1 p50: one hop + guest, less one hop").split()[-4:] == ["50", "<=", "60", "yes"]
+    assert _line(out, "c=32: CPU per call, us").split()[-7:] == ["280", "|", "2", "|", "100", "300|5|150", "yes"]
+    assert _line(out, "c=32: node / bare with 1 process").split()[-4:] == ["0.40x", ">=", "1.0x", "NO"]
+    # a front over its bound fails the CPU line
+    _report(r, 8, 8, cpu_use={32: {**roles, Role.FRONT: RoleCpu(Role.FRONT, 8, 301.0, 0.8)}}, c32_split=split32)
+    assert _line(capsys.readouterr().out, "c=32: CPU per call, us").split()[-2:] == ["300|5|150", "NO"]
+    # two processes, a 2-core host: its own bounds for c=1 against bare and c=32 against one process
+    _report(r, 2, 8, cpu_use={32: roles}, c32_split=split32)
+    out = capsys.readouterr().out
+    assert _line(out, "c=1 p50: node / bare").split()[-4:] == ["2.25x", "<=", "3.0x", "yes"]
+    assert _line(out, "c=32: node / bare with 1 process").split()[-4:] == ["0.40x", ">=", "0.35x", "yes"]

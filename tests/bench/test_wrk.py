@@ -74,7 +74,8 @@ async def _close(server: asyncio.Server) -> None:
 def test_a_timed_run_reports_the_calls_made_where_wrk_corrects_for_the_ones_not_sent() -> None:
     with _one_slow_reply(0.2) as url:
         r = run_wrk(url, connections=1, seconds=2, timed=True)
-    assert r.requests > 2000 and r.ok == r.requests
+    # enough calls that the one slow reply is past the timed p99 (a slow host makes fewer)
+    assert r.requests > 500 and r.ok == r.requests
     assert r.max_ms >= 200  # the one slow reply
     # wrk adds a made-up sample per mean interval of that reply: its p99 is near the stall
     assert r.p99_ms >= 100

@@ -25,15 +25,22 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
-def _seen_within(nodes: list[ClusterNode], check: Callable[[ClusterNode], bool]) -> float:
-    """Seconds until `check` holds on every node, polled every 20 ms from now."""
+def _seen_within(nodes: list[ClusterNode], check: Callable[[ClusterNode], bool]) -> tuple[float, float]:
+    """Seconds from now until the start of the round of checks (one every 20 ms) in which `check`
+    held on the last node, and the longest round before it: a change that lands just after a
+    round starts is seen a round later, and on a busy host a round of HTTP calls (a deploy among
+    them) takes a while. What is bounded is the nodes' delay, not the poll's."""
     t0 = time.monotonic()
     waiting = list(nodes)
-    while waiting:
+    longest = 0.0
+    while True:
+        start = time.monotonic()
         waiting = [n for n in waiting if not check(n)]
+        if not waiting:
+            return start - t0, longest
+        longest = max(longest, time.monotonic() - start + 0.02)
         assert time.monotonic() - t0 < 30, "never seen everywhere"
         time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def _invoke(node: ClusterNode, key: dict[str, str], name: str = "echo") -> httpx.Response:
@@ -52,13 +59,14 @@ def test_a_revoked_key_is_refused_by_every_node_within_the_bound(live: Cluster) 
     tid, key = _tenant_with_echo(live)
     (row,) = httpx.get(f"{live.url}/v1/admin/tenants/{tid}/api-keys", headers=ADMIN).json()
     assert httpx.delete(f"{live.url}/v1/admin/tenants/{tid}/api-keys/{row['id']}", headers=ADMIN).status_code == 204
-    took = _seen_within(live.nodes, lambda n: _invoke(n, key).status_code == 401)
+    took, poll = _seen_within(live.nodes, lambda n: _invoke(n, key).status_code == 401)
     print(f"\na revoked key refused by every node {took:.2f} s after the revocation answered")
-    assert took <= BOUND_S
+    assert took <= BOUND_S + poll
 
 
 def test_admin_and_deploy_changes_reach_every_node_within_the_bound(live: Cluster) -> None:
     took: dict[str, float] = {}
+    poll: dict[str, float] = {}  # each change's longest round of checks
     a = live.nodes[0]  # every change goes through this node; the other sees it through the database
     tid, key = _tenant_with_echo(live)
 
@@ -66,24 +74,24 @@ def test_admin_and_deploy_changes_reach_every_node_within_the_bound(live: Cluste
     for node in live.nodes:
         assert _invoke(node, key, "later").status_code == 404
     assert live.deploy(key, "later", wat("echo"), url=a.url).status_code == 201
-    took["function deployed"] = _seen_within(live.nodes, lambda n: _invoke(n, key, "later").status_code == 200)
+    took["function deployed"], poll["function deployed"] = _seen_within(live.nodes, lambda n: _invoke(n, key, "later").status_code == 200)
 
     # a function deleted
     assert httpx.delete(f"{a.url}/v1/functions/later", headers=key).status_code == 204
-    took["function deleted"] = _seen_within(live.nodes, lambda n: _invoke(n, key, "later").status_code == 404)
+    took["function deleted"], poll["function deleted"] = _seen_within(live.nodes, lambda n: _invoke(n, key, "later").status_code == 404)
 
     # a quota changed: a module over the new max_module_bytes is refused before it is read
     r = httpx.patch(f"{a.url}/v1/admin/tenants/{tid}/quota", json={"max_module_bytes": 64}, headers=ADMIN)
     assert r.status_code == 200, r.text
-    took["quota changed"] = _seen_within(live.nodes, lambda n: live.deploy(key, "echo", wat("echo"), url=n.url).status_code == 413)
+    took["quota changed"], poll["quota changed"] = _seen_within(live.nodes, lambda n: live.deploy(key, "echo", wat("echo"), url=n.url).status_code == 413)
 
     # the tenant disabled
     r = httpx.patch(f"{a.url}/v1/admin/tenants/{tid}", json={"disabled": True}, headers=ADMIN)
     assert r.status_code == 200, r.text
-    took["tenant disabled"] = _seen_within(live.nodes, lambda n: _invoke(n, key).status_code == 403)
+    took["tenant disabled"], poll["tenant disabled"] = _seen_within(live.nodes, lambda n: _invoke(n, key).status_code == 403)
 
     print("\n" + ", ".join(f"{what}: {s:.2f} s" for what, s in took.items()))
-    assert max(took.values()) <= BOUND_S, took
+    assert all(took[what] <= BOUND_S + poll[what] for what in took), (took, poll)
 
 
 def test_a_secret_sealed_through_one_node_opens_on_every_node(live: Cluster, c_guest: Callable[[str], bytes]) -> None:

@@ -98,3 +98,21 @@ def test_device_error_is_sticky_and_reported(tmp_path: Path, c_guest) -> None:
     # the context is poisoned: every later GPU call of this worker answers DEVICE_ERROR
     res = r.run(Run("inv2", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), _kernel("fine"))
     assert res.status == "device_error"
+
+
+def test_a_guest_that_exports_no_memory_gets_invalid_pointer(tmp_path: Path) -> None:
+    """Its memory is read through wasmtime's C API: no `memory` export is a code, not a trap."""
+    import wasmtime
+
+    wat = f"""(module
+      (import "tensorwasm" "module_get" (func $get (param i32 i32) (result i32)))
+      (memory 1)
+      (data (i32.const 0) "std")
+      (func (export "_start")
+        (if (i32.ne (call $get (i32.const 0) (i32.const 3)) (i32.const {int(Code.INVALID_POINTER)})) (then unreachable))))"""
+    cache = ArtifactCache(tmp_path)
+    sha = compile_artifact(cache, wasmtime.wat2wasm(wat))
+    host = AbiHost(CpuBackend())
+    host.bind(1 << 20)
+    res = GuestRunner(make_engine(), cache, host, 5).run(Run("inv", "f", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), b"")
+    assert res.status.value == "ok", res.error

@@ -130,10 +130,10 @@ def test_other_devices_and_cleared_or_stale_rows_do_not_count(tmp_path: Path) ->
     table.bind(0, "h", device=0, weight=1)
     table.bind(1, "v", device=1, weight=1)
     table.charge(0, 1.0, now=0.0)
-    table.set_state(1, waiting=False, now=0.0)
+    table.mark_busy(1, now=0.0)
     assert table.decide(0, now=0.001).allowed  # v is busy on another device
     table.bind(1, "v", device=0, weight=1)
-    table.set_state(1, waiting=False, now=0.0)
+    table.mark_busy(1, now=0.0)
     assert not table.decide(0, now=0.001).allowed
     assert table.decide(0, now=STALE_S + 1).allowed  # a busy row that old is a dead context's
     table.clear(1)
@@ -145,7 +145,7 @@ def test_a_hold_ends_after_its_bound(tmp_path: Path) -> None:
     table.bind(0, "h", device=0, weight=1)
     table.bind(1, "v", device=0, weight=1)
     table.charge(0, 100.0, now=0.0)
-    table.set_state(1, waiting=False, now=0.0)  # v stays busy (and never charges)
+    table.mark_busy(1, now=0.0)  # v stays busy (and never charges)
     clock = [0.0]
 
     def sleep(s: float) -> None:

@@ -118,16 +118,17 @@ async def test_a_tenants_calls_run_in_the_order_they_came_from_every_front(node:
                 assert (await client.post("/v1/functions/stamp/invoke", headers=key, content=b"1")).status_code == 200
 
             async def call(i: int) -> None:
-                r = await clients[i].post("/v1/functions/stamp/invoke", headers=key, content=b"120")
+                r = await clients[i].post("/v1/functions/stamp/invoke", headers=key, content=b"200")
                 assert r.status_code == 200, r.text
                 started[i] = int(r.text)  # when its guest started, by the guest's own clock
 
             calls = []
-            # one worker, each call 120 ms, one sent every 60 ms: they queue at it (the gap is wider
-            # than a busy host's skew between two fronts' work before a call is admitted)
+            # one worker, each call 200 ms, one sent every 150 ms: they queue at it, the last for
+            # about 0.4 s (the queue wait is 2 s), and the gap is wider than a busy 2-core host's
+            # skew between two fronts' work before a call is admitted
             for i in range(9):
                 calls.append(asyncio.create_task(call(i)))
-                await asyncio.sleep(0.06)
+                await asyncio.sleep(0.15)
             await asyncio.gather(*calls)
         assert sorted(started, key=started.__getitem__) == list(range(9)), started
 

@@ -23,7 +23,7 @@ async def _until(check, what: str, bound_s: float = 120) -> None:  # type: ignor
 async def test_a_quiet_tenant_is_served_while_another_floods(app_factory, c_guest) -> None:
     async with app_factory(max_workers=4, warm_spares=1, reserved_workers=1, queue_wait_ms=600_000, queue_limit=64) as (client, platform):
         s = platform.scheduler
-        flood_id, flood = await new_tenant(client, max_concurrency=16)
+        flood_id, flood = await new_tenant(client, max_concurrency=16, timeout_ms=10_000)
         _, quiet = await new_tenant(client)
         _, newcomer = await new_tenant(client)
         await deploy(client, flood, "spin", c_guest("spin.c"))
@@ -33,7 +33,9 @@ async def test_a_quiet_tenant_is_served_while_another_floods(app_factory, c_gues
         def post(key: dict[str, str], name: str, body: bytes) -> asyncio.Task[httpx.Response]:
             return asyncio.create_task(client.post(f"/v1/functions/{name}/invoke", content=body, headers=key))
 
-        calls = [post(flood, "spin", b"2000") for _ in range(16)]  # 16 calls on 4 workers
+        # 16 calls on 4 workers, 3.5 s each: the flood waits ~15 s, past a busy host's quiet calls
+        # and the worker start one of them needs
+        calls = [post(flood, "spin", b"3500") for _ in range(16)]
         # the flood runs its share on 3 workers, has calls waiting, and the 4th worker is a spare
         await _until(
             lambda: s.fair.running(flood_id) == s.fair.share == 3

@@ -5,6 +5,7 @@ device's ceiling and budget; workers are fakes (no process), the arrival clock a
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from app.contract.messages import Outcome
 from app.scheduler.devices import Device, Inventory
 from app.scheduler.scheduler import Scheduler
-from app.scheduler.spares import ArrivalRate, StartTimes, spare_target
+from app.scheduler.spares import ArrivalRate, StartTimes, spare_target, surge_rate
 from app.worker.handle import WorkerState
 from tests.helpers import fake_node, fake_workers, principal, until
 
@@ -62,6 +63,15 @@ def test_the_target_stays_between_warm_spares_and_max_warm_spares() -> None:
     assert spare_target(100.0, 0.5, 1, warm_spares=0, max_warm_spares=8) == 0  # none kept at all
 
 
+def test_the_surge_rate_keeps_twice_the_spares() -> None:
+    for target, devices in ((1, 1), (3, 1), (2, 2), (4, 1)):
+        assert spare_target(surge_rate(target, 0.4, devices), 0.4, devices, warm_spares=1, max_warm_spares=100) == 2 * target
+    r = ArrivalRate(tau_s=1.0, clock=Clock())
+    r.at_least(5.0)
+    r.at_least(2.0)  # never lowers it
+    assert r.rate() == pytest.approx(5.0)
+
+
 def _spares(s: Scheduler) -> Counter[int]:
     return Counter(w.device_index for w in s.workers if w.state in (WorkerState.SPARE, WorkerState.STARTING))
 
@@ -79,8 +89,9 @@ async def test_spares_grow_under_a_burst_of_new_tenants_and_shrink_back(tmp_path
         clock = Clock()
         s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=clock)
         assert s.pool.spare_target() == 1
-        # new tenants bound one after another: each bind counts as an arrival
+        # new tenants bound one after another, each finding a spare: each bind counts as an arrival
         for _ in range(6):
+            await until(lambda: any(w.state == WorkerState.SPARE for w in s.workers), "a spare ready", 5)
             lease = await s.lease(principal())
             s.release(lease, Outcome.OK)
         assert s.pool.arrivals.rate() == pytest.approx(6.0)  # the fake clock stood still
@@ -124,3 +135,24 @@ async def test_extra_spares_give_way_to_a_tenant_whose_cap_needs_their_budget(tm
         await until(lambda: not any(w.state == WorkerState.STARTING for w in s.workers), "no start under way", 5)
         assert s.devices[0].committed_bytes <= 1000 * MIB
         s.release(lease, Outcome.OK)
+
+
+async def test_each_new_tenant_that_finds_no_spare_doubles_the_spares_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of new tenants, each call after the last: binds alone come only as fast as starts,
+    so each tenant that has to wait for one doubles what is kept ahead, up to max_warm_spares."""
+    fake_workers(monkeypatch, seconds=0.2)
+    async with fake_node(tmp_path, max_workers=20, warm_spares=1, max_warm_spares=6, retire_idle_after_s=60) as s:
+        clock = Clock()  # stands still: the arrival rate does not decay during the test
+        s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=clock)
+        await s.lease(principal())  # binds the ready spare; its replacement starts
+        base = s.pool.spare_target()  # 1 (2 where a loaded host's fake start took over 0.25 s)
+        second = asyncio.create_task(s.lease(principal()))  # finds none ready: waits for a start
+        await until(lambda: s.pool.spare_target() == 2 * base, "twice the spares", 2)
+        third = asyncio.create_task(s.lease(principal()))
+        await until(lambda: s.pool.spare_target() == min(6, 4 * base), "twice again", 2)
+        await until(lambda: _spares(s)[0] >= min(6, 4 * base) - 1, "the spares under way", 2)
+        fourth = asyncio.create_task(s.lease(principal()))
+        await until(lambda: s.pool.spare_target() == 6, "max_warm_spares", 2)
+        for t in (second, third, fourth):
+            await asyncio.wait_for(t, 5)
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 6, "six spares ready", 5)
