@@ -23,6 +23,10 @@ from app.kernels.std_numpy import STD
 log = logging.getLogger(__name__)
 
 _MAX_RESIDENT = 4096  # prefetched blocks remembered; past it, each is prefetched once more
+# Copies between guest memory and a managed buffer at least this long go through a device block
+# of the worker's (STAGE_BYTES at a time): host <-> device, then device <-> managed on the GPU
+_STAGE_MIN = 256 * 1024
+STAGE_BYTES = 4 * 1024 * 1024
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred (managed memory included)
 _CTYPES: dict[str, type[ctypes._SimpleCData[Any]]] = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double}
 _NP_CTYPES: dict[np.dtype[Any], type[ctypes._SimpleCData[Any]]] = {
@@ -115,6 +119,7 @@ class CudaBackend:
         self._resident: set[tuple[int, int]] = set()  # managed blocks prefetched once (alloc)
         self._unzeroed: dict[int, int] = {}  # block address -> size: allocated, not yet zeroed
         self._segments: Segments = _whole  # guest-memory pieces, pinned where the worker allows
+        self._stage: Any = None  # the device block managed copies go through (made at first use)
         self.compile_hits = 0
         self.compile_misses = 0
         std_src = resources.files("app.kernels").joinpath("std.cu").read_text()
@@ -193,6 +198,9 @@ class CudaBackend:
             else:
                 self._zeroed(buf, "buffer_write")
         dst = buf.ptr + offset
+        if self.managed and length >= _STAGE_MIN:
+            self._staged_write(dst, src_addr, length)
+            return
         segments = self._segments(src_addr, length)
         for addr, n, _ in segments:
             self._memcpy("buffer_write", dst + addr - src_addr, addr, n)
@@ -201,14 +209,48 @@ class CudaBackend:
             # memory as soon as buffer_write returns, so wait for it (pageable copies are staged)
             self.synchronize()
 
+    def _staging(self) -> Any:
+        """The worker's device block for managed copies: plain device memory outside the tenant's
+        pool (its bytes are part of the context's overhead, as the stream's and modules' are)."""
+        if self._stage is None:
+            try:
+                self._stage = self.cp.cuda.Memory(STAGE_BYTES)
+            except Exception as exc:
+                raise BackendError(Code.DEVICE_ERROR, f"the device could not provide a staging block: {_short(exc)}") from None
+        return self._stage
+
+    def _staged_write(self, dst: int, src_addr: int, length: int) -> None:
+        """Guest memory into a managed buffer through the staging block, a piece at a time: the
+        copy engine writes device memory from the host about twice as fast as a managed range
+        (bench gpu's write step), and device to managed is a copy on the GPU. One stream orders
+        each piece's two copies and the next piece's reuse of the block."""
+        stage = self._staging().ptr
+        for at in range(0, length, STAGE_BYTES):
+            n = min(STAGE_BYTES, length - at)
+            for addr, k, _ in self._segments(src_addr + at, n):
+                self._memcpy("buffer_write", stage + addr - src_addr - at, addr, k)
+            self._memcpy("buffer_write", dst + at, stage, n)
+        self.synchronize()  # the guest may reuse its memory once buffer_write returns
+
     def read(self, buf: Any, offset: int, dst_addr: int, length: int) -> None:
         self._zeroed(buf, "buffer_read")
         src = buf.ptr + offset
+        if self.managed and length >= _STAGE_MIN:
+            stage = self._staging().ptr
+            for at in range(0, length, STAGE_BYTES):
+                n = min(STAGE_BYTES, length - at)
+                self._memcpy("buffer_read", stage, src + at, n)
+                self._read_pieces(stage - dst_addr - at, dst_addr + at, n)
+        else:
+            self._read_pieces(src - dst_addr, dst_addr, length)
+        self.synchronize()
+
+    def _read_pieces(self, shift: int, dst_addr: int, length: int) -> None:
+        """Device memory at `dst_addr + shift` into guest memory at `dst_addr`, piece by piece."""
         for addr, n, pinned in self._segments(dst_addr, length):
             if not pinned:
                 prefault(addr, n)  # the driver's staging copy would otherwise fault page by page
-            self._memcpy("buffer_read", addr, src + addr - dst_addr, n)
-        self.synchronize()
+            self._memcpy("buffer_read", addr, addr + shift, n)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, length: int) -> None:
         self._zeroed(dst, "buffer_copy")

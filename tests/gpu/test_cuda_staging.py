@@ -1,0 +1,58 @@
+"""Copies between guest memory and a managed buffer of 256 KiB or more go through the worker's
+device staging block, STAGE_BYTES at a time (app/gpu/cuda.py): what is read back is what was
+written, at any offset, across pieces, and from guest memory split into pieces of any size (as
+the worker's pinned chunks split it)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.gpu.cuda import STAGE_BYTES, cuda_available
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device (run on the GPU machine)")]
+
+
+@pytest.fixture(scope="module", params=["managed", "device"])
+def backend(request: pytest.FixtureRequest) -> Any:
+    from app.gpu.cuda import CudaBackend
+
+    b = CudaBackend(Path(tempfile.mkdtemp()), request.param)
+    b.set_cap(1 << 30)
+    return b
+
+
+def _odd_pieces(addr: int, length: int) -> list[tuple[int, int, bool]]:
+    """Guest memory in pieces of 1 MiB + 13 bytes (the last shorter), none page-locked."""
+    step = (1 << 20) + 13
+    return [(a, min(step, addr + length - a), False) for a in range(addr, addr + length, step)]
+
+
+@pytest.mark.parametrize("size", [1000, 256 * 1024, STAGE_BYTES, 2 * STAGE_BYTES + 4099])
+@pytest.mark.parametrize("offset", [0, 24])
+def test_written_is_read(backend: Any, size: int, offset: int) -> None:
+    data = np.random.default_rng(size + offset).integers(0, 256, size, dtype=np.uint8)
+    buf = backend.alloc(size + offset + 8)
+    backend.write(buf, offset, data.ctypes.data, size)
+    out = np.empty(size + offset + 8, dtype=np.uint8)
+    backend.read(buf, 0, out.ctypes.data, out.nbytes)
+    assert np.array_equal(out[offset : offset + size], data)
+    assert not out[:offset].any() and not out[offset + size :].any()  # zeros around a partial write
+    part = np.empty(size // 2, dtype=np.uint8)  # a read from within the buffer
+    backend.read(buf, offset + size // 3, part.ctypes.data, part.nbytes)
+    assert np.array_equal(part, data[size // 3 : size // 3 + part.size])
+
+
+def test_guest_memory_in_pieces(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend, "_segments", _odd_pieces)
+    size = 2 * STAGE_BYTES + 777
+    data = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
+    buf = backend.alloc(size)
+    backend.write(buf, 0, data.ctypes.data, size)
+    out = np.zeros(size, dtype=np.uint8)
+    backend.read(buf, 0, out.ctypes.data, size)
+    assert np.array_equal(out, data)
