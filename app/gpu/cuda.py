@@ -120,6 +120,7 @@ class CudaBackend:
         self._unzeroed: dict[int, int] = {}  # block address -> size: allocated, not yet zeroed
         self._segments: Segments = _whole  # guest-memory pieces, pinned where the worker allows
         self._stage: Any = None  # the device block managed copies go through (made at first use)
+        self._stage_refused = False  # the device had no room for it: not asked again this call
         self.compile_hits = 0
         self.compile_misses = 0
         std_src = resources.files("app.kernels").joinpath("std.cu").read_text()
@@ -198,8 +199,9 @@ class CudaBackend:
             else:
                 self._zeroed(buf, "buffer_write")
         dst = buf.ptr + offset
-        if self.managed and length >= _STAGE_MIN:
-            self._staged_write(dst, src_addr, length)
+        stage = self._staging(length)
+        if stage is not None:
+            self._staged_write(stage, dst, src_addr, length)
             return
         segments = self._segments(src_addr, length)
         for addr, n, _ in segments:
@@ -209,22 +211,27 @@ class CudaBackend:
             # memory as soon as buffer_write returns, so wait for it (pageable copies are staged)
             self.synchronize()
 
-    def _staging(self) -> Any:
-        """The worker's device block for managed copies: plain device memory outside the tenant's
-        pool (its bytes are part of the context's overhead, as the stream's and modules' are)."""
+    def _staging(self, length: int) -> int | None:
+        """The address of the worker's device block for a managed copy of `length` bytes, or None
+        for a direct copy (a short one, device memory, or a device with no room for the block,
+        asked again at a later call). Plain device memory outside the tenant's pool: its bytes are
+        part of the context's overhead, as the stream's and the modules' are."""
+        if not self.managed or length < _STAGE_MIN or self._stage_refused:
+            return None
         if self._stage is None:
             try:
                 self._stage = self.cp.cuda.Memory(STAGE_BYTES)
-            except Exception as exc:
-                raise BackendError(Code.DEVICE_ERROR, f"the device could not provide a staging block: {_short(exc)}") from None
-        return self._stage
+            except Exception as exc:  # out of device memory: managed copies still work, slower
+                log.info("no staging block for managed copies in this call (%s): copying directly", _short(exc))
+                self._stage_refused = True
+                return None
+        return int(self._stage.ptr)
 
-    def _staged_write(self, dst: int, src_addr: int, length: int) -> None:
+    def _staged_write(self, stage: int, dst: int, src_addr: int, length: int) -> None:
         """Guest memory into a managed buffer through the staging block, a piece at a time: the
         copy engine writes device memory from the host about twice as fast as a managed range
         (bench gpu's write step), and device to managed is a copy on the GPU. One stream orders
         each piece's two copies and the next piece's reuse of the block."""
-        stage = self._staging().ptr
         for at in range(0, length, STAGE_BYTES):
             n = min(STAGE_BYTES, length - at)
             for addr, k, _ in self._segments(src_addr + at, n):
@@ -235,8 +242,8 @@ class CudaBackend:
     def read(self, buf: Any, offset: int, dst_addr: int, length: int) -> None:
         self._zeroed(buf, "buffer_read")
         src = buf.ptr + offset
-        if self.managed and length >= _STAGE_MIN:
-            stage = self._staging().ptr
+        stage = self._staging(length)
+        if stage is not None:
             for at in range(0, length, STAGE_BYTES):
                 n = min(STAGE_BYTES, length - at)
                 self._memcpy("buffer_read", stage, src + at, n)
@@ -377,6 +384,7 @@ class CudaBackend:
         # changes tenant); every new buffer is zeroed before its first use but a whole write,
         # so nothing carries over. This call's buffers are gone with its handles.
         self._unzeroed.clear()
+        self._stage_refused = False
         self.synchronize()
 
 

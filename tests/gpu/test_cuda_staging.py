@@ -56,3 +56,35 @@ def test_guest_memory_in_pieces(backend: Any, monkeypatch: pytest.MonkeyPatch) -
     out = np.zeros(size, dtype=np.uint8)
     backend.read(buf, 0, out.ctypes.data, size)
     assert np.array_equal(out, data)
+
+
+def test_no_room_for_the_block_copies_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device with no room for the staging block: managed copies go straight, and the block is
+    asked for again in the next call."""
+    import cupy
+
+    from app.gpu.cuda import CudaBackend
+
+    b = CudaBackend(Path(tempfile.mkdtemp()), "managed")
+    b.set_cap(1 << 30)
+    asked: list[int] = []
+
+    def no_room(size: int) -> Any:
+        asked.append(size)
+        raise cupy.cuda.memory.OutOfMemoryError(size, 0, 0)
+
+    monkeypatch.setattr(cupy.cuda, "Memory", no_room)
+    size = STAGE_BYTES + 99
+    data = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8)
+    buf = b.alloc(size)
+    b.write(buf, 0, data.ctypes.data, size)
+    out = np.zeros(size, dtype=np.uint8)
+    b.read(buf, 0, out.ctypes.data, size)
+    assert np.array_equal(out, data)
+    assert asked == [STAGE_BYTES]  # once in the call
+    b.end_invocation()
+    monkeypatch.undo()
+    b.write(buf, 0, data.ctypes.data, size)  # the next call gets the block
+    assert b._stage is not None
+    b.read(buf, 0, out.ctypes.data, size)
+    assert np.array_equal(out, data)
