@@ -128,7 +128,9 @@ class Settings(BaseSettings):
     # Most functions the node keeps fresh in the background, and most names remembered as
     # missing (for cache_ttl_s each); beyond either, the least recently used are forgotten.
     function_cache_size: int = Field(default=10_000, ge=1)
-    # Bytes of device memory one CUDA context costs before any buffer (measured: ~529 MiB).
+    # Bytes of device memory one worker's CUDA context costs before any buffer, with the 4 MiB
+    # staging block of a managed-memory worker (a context measured ~591 MiB on H100 and H200
+    # hosts, CUDA 13).
     context_overhead_bytes: int = 600 * 1024 * 1024
     # Device memory the scheduler may hand out, per device; 0 = each device's total as reported.
     device_memory_bytes: int = 0
