@@ -32,10 +32,22 @@ def _odd_pieces(addr: int, length: int) -> list[tuple[int, int, bool]]:
     return [(a, min(step, addr + length - a), False) for a in range(addr, addr + length, step)]
 
 
+def _bytes(size: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def _round_trip(backend: Any, buf: Any, data: np.ndarray) -> np.ndarray:
+    """`data` written over the whole of `buf`, then read back."""
+    backend.write(buf, 0, data.ctypes.data, data.size)
+    out = np.zeros(data.size, dtype=np.uint8)
+    backend.read(buf, 0, out.ctypes.data, data.size)
+    return out
+
+
 @pytest.mark.parametrize("size", [1000, 256 * 1024, STAGE_BYTES, 2 * STAGE_BYTES + 4099])
 @pytest.mark.parametrize("offset", [0, 24])
 def test_written_is_read(backend: Any, size: int, offset: int) -> None:
-    data = np.random.default_rng(size + offset).integers(0, 256, size, dtype=np.uint8)
+    data = _bytes(size, size + offset)
     buf = backend.alloc(size + offset + 8)
     backend.write(buf, offset, data.ctypes.data, size)
     out = np.empty(size + offset + 8, dtype=np.uint8)
@@ -49,13 +61,8 @@ def test_written_is_read(backend: Any, size: int, offset: int) -> None:
 
 def test_guest_memory_in_pieces(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backend, "_segments", _odd_pieces)
-    size = 2 * STAGE_BYTES + 777
-    data = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
-    buf = backend.alloc(size)
-    backend.write(buf, 0, data.ctypes.data, size)
-    out = np.zeros(size, dtype=np.uint8)
-    backend.read(buf, 0, out.ctypes.data, size)
-    assert np.array_equal(out, data)
+    data = _bytes(2 * STAGE_BYTES + 777, 7)
+    assert np.array_equal(_round_trip(backend, backend.alloc(data.size), data), data)
 
 
 def test_no_room_for_the_block_copies_directly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,17 +81,11 @@ def test_no_room_for_the_block_copies_directly(monkeypatch: pytest.MonkeyPatch) 
         raise cupy.cuda.memory.OutOfMemoryError(size, 0, 0)
 
     monkeypatch.setattr(cupy.cuda, "Memory", no_room)
-    size = STAGE_BYTES + 99
-    data = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8)
-    buf = b.alloc(size)
-    b.write(buf, 0, data.ctypes.data, size)
-    out = np.zeros(size, dtype=np.uint8)
-    b.read(buf, 0, out.ctypes.data, size)
-    assert np.array_equal(out, data)
+    data = _bytes(STAGE_BYTES + 99, 3)
+    buf = b.alloc(data.size)
+    assert np.array_equal(_round_trip(b, buf, data), data)
     assert asked == [STAGE_BYTES]  # once in the call
     b.end_invocation()
     monkeypatch.undo()
-    b.write(buf, 0, data.ctypes.data, size)  # the next call gets the block
+    assert np.array_equal(_round_trip(b, buf, data), data)  # the next call gets the block
     assert b._stage is not None
-    b.read(buf, 0, out.ctypes.data, size)
-    assert np.array_equal(out, data)
