@@ -32,6 +32,10 @@ SLOTS_BY_ADDRESS = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_v
 _CALLER = ctypes.POINTER(ffi.wasmtime_caller_t)
 
 
+# `wasmtime_memory_data` returning a bare address: through wasmtime-py's binding (a pointer
+# object, then `ctypes.cast`) each call left a reference cycle for the collector
+_memory_data = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(("wasmtime_memory_data", ffi.dll))
+
 # ctypes.string_at without its Python frame (the same foreign function it calls)
 string_at: Callable[[int, int], bytes] = getattr(ctypes, "_string_at", ctypes.string_at)
 
@@ -77,7 +81,7 @@ def guest_memory(caller: Any) -> tuple[int, int]:
         raise wasmtime.WasmtimeError("the module exports no memory `memory`")
     ctx = ffi.wasmtime_caller_context(caller)
     memory = ctypes.byref(item.of.memory)
-    return ctypes.cast(ffi.wasmtime_memory_data(ctx, memory), ctypes.c_void_p).value or 0, ffi.wasmtime_memory_data_size(ctx, memory)
+    return _memory_data(ctx, memory) or 0, ffi.wasmtime_memory_data_size(ctx, memory)
 
 
 def export_func(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> Any:
