@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 from app.api.body import collect_body, receive_chunks
 from app.api.call_args import HEADER as ARGS_HEADER
 from app.api.call_args import VERSION_HEADER, parse_args, parse_version
-from app.api.edge import ON_CLIENT_GONE
+from app.api.edge import ON_CLIENT_GONE, RESPOND_NOW
 from app.api.errors import CLIENT_CLOSED
 from app.api.media import safe_media_type
 from app.api.streaming import SlicedResponse, send_sliced
@@ -121,10 +121,13 @@ async def send_outcome(outcome: InvokeOutcome | None, scope: Scope, receive: Rec
         return response.status_code
     headers = [
         (b"x-invocation-id", outcome.invocation_id.encode("latin-1")),
-        (b"content-length", b"%d" % len(outcome.body)),
         (b"content-type", content_type_header(outcome.content_type)),
         extra,
     ]
+    respond_now = scope.get(RESPOND_NOW)  # behind the node's edge: written at once
+    if respond_now is not None and len(outcome.body) <= WHOLE_BYTES and respond_now(200, headers, outcome.body):
+        return 200
+    headers.append((b"content-length", b"%d" % len(outcome.body)))
     await send_sliced(send, 200, headers, outcome.body)
     return 200
 

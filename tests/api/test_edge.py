@@ -11,13 +11,14 @@ from typing import Any
 
 import uvicorn
 
-from app.api.edge import EdgeEvent, EdgeLimits, _HeadWithBody, edge_protocol
+from app.api.edge import RESPOND_NOW, EdgeEvent, EdgeLimits, _HeadWithBody, edge_protocol
 
 LIMITS = EdgeLimits(max_connections=20, head_timeout_s=0.5, max_head_bytes=4096, max_headers=10, body_grace_s=0.5, min_body_rate=1000)
 
 
 async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Echoes the body; `/early` answers without reading it; `/hold` waits before answering."""
+    """Echoes the body; `/early` answers without reading it; `/hold` waits before answering;
+    `/now...` answers through RESPOND_NOW where it can."""
     if scope["type"] != "http":
         return
     body = b""
@@ -31,6 +32,8 @@ async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+    if scope["path"].startswith("/now") and scope[RESPOND_NOW](200, [(b"x-way", b"now")], body):
+        return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
@@ -38,7 +41,7 @@ async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @asynccontextmanager
 async def _server(limits: EdgeLimits = LIMITS, events: list[EdgeEvent] | None = None) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     protocol = edge_protocol(limits, events.append if events is not None else None)
-    config = uvicorn.Config(_echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, timeout_keep_alive=5)
+    config = uvicorn.Config(_echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, timeout_keep_alive=5, access_log=False)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server._serve())  # serve() would take over the signals
     async with asyncio.timeout(10):
@@ -228,3 +231,37 @@ def test_a_head_with_a_length_leaves_with_the_body_and_nothing_else_waits() -> N
     w.close()  # an answer cut short: its head still goes, then the close
     assert t.sent == [("write", [head]), ("close", [])]
     assert not w.is_closing()  # the rest is the transport's own
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One answer with a length: (head, body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    return head, await reader.readexactly(length)
+
+
+async def test_an_answer_written_at_once_is_whole_and_keeps_the_connection() -> None:
+    async with _server() as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        async with asyncio.timeout(5):
+            for i in range(3):
+                writer.write(b"POST /now HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nh%d" % i)
+                head, body = await _answer(reader)
+                lines = head.split(b"\r\n")
+                assert lines[0] == b"HTTP/1.1 200 OK" and body == b"h%d" % i
+                assert b"x-way: now" in lines and b"content-length: 2" in lines and b"server: uvicorn" in lines
+                assert any(line.startswith(b"date: ") for line in lines) and b"connection: close" not in lines
+            # pipelined: both answered, in order, each written at once
+            writer.write(b"POST /now/a HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\naPOST /now/b HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nb")
+            assert [await _answer(reader) for _ in range(2)][1][1] == b"b"
+        writer.close()
+
+
+async def test_an_answer_written_at_once_closes_where_uvicorn_would() -> None:
+    async with _server() as (port, _):
+        # HTTP/1.0 keeps no connection: the answer says so and the server closes
+        _, data = await _exchange(port, b"POST /now HTTP/1.0\r\ncontent-length: 2\r\n\r\nhi")
+        assert _status(data) == 200 and b"x-way: now" in data and b"connection: close" in data and data.endswith(b"\r\n\r\nhi")
+        # HEAD has no body to write: the answer goes through ASGI send
+        _, data = await _exchange(port, b"HEAD /now HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert _status(data) == 200 and b"x-way" not in data and data.endswith(b"\r\n\r\n")
