@@ -32,7 +32,8 @@ from app.worker.stats import StatsPage, run_mark
 
 if TYPE_CHECKING:
     from app.contract.messages import Principal
-    from app.node.supervisor_client import RemoteLease, SupervisorClient, _Conn
+    from app.node.supervisor_client import RemoteLease, SupervisorClient
+    from app.node.worker_conn import WorkerConnection
 
 _ATTEMPTS = 3  # a call not started is sent again this many times at most (workers retired meanwhile)
 
@@ -79,7 +80,7 @@ class DirectLease:
     hard_timeout_s: float
     traceparent: str | None
     wait_s: float  # the longest a call may queue at a worker before it starts
-    conn: _Conn | None = None
+    conn: WorkerConnection | None = None
     remote: RemoteLease | None = None
     tried: set[str] = field(default_factory=set)
     invocation_id: str = ""

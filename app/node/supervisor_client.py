@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.contract.errors import NoCapacity, Rejected, RejectReason, SupervisorGone
-from app.contract.frames import Payload, ProtocolError, encode, read_frame_async
+from app.contract.frames import Payload, ProtocolError
 from app.contract.messages import (
     Changed,
     ChangeKind,
-    Chunk,
     CompileDone,
     CompileSlot,
     Granted,
@@ -57,7 +56,8 @@ from app.contract.messages import (
 from app.node.admission import ADMISSION_FILE, AdmissionTable, Verdict
 from app.node.ipc import pack, read_message
 from app.node.routes import DirectLease, RoutedWorker
-from app.observability.phases import ADMIT, SEND, clock, lap
+from app.node.worker_conn import WorkerConnection
+from app.observability.phases import ADMIT, clock, lap
 from app.scheduler.leases import outcome_of
 from app.worker.handle import WorkerLost
 
@@ -70,37 +70,13 @@ _POOL_LIMIT = 256  # idle worker connections kept; those of retired workers age 
 _GROW_EVERY_S = 0.05  # at most one "grow" hint per tenant this often from one front
 
 
-@dataclass
-class _Conn:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-
-    async def exchange(self, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
-        """Send the run; the worker's last frame and its body (Chunk frames go to `on_chunk`).
-        Raises what the connection raises (OSError, EOFError, ProtocolError)."""
-        t = clock()
-        self.writer.writelines(encode(run, body))
-        lap(SEND, t)
-        await self.writer.drain()
-        while True:
-            msg, out = await read_frame_async(self.reader)
-            if not isinstance(msg, Chunk):
-                return msg, out
-            if on_chunk is not None:
-                on_chunk(out)
-
-
 @dataclass(eq=False)
 class RemoteLease:
     """A worker leased by the supervisor; this front talks to it over its unix socket."""
 
     client: SupervisorClient
     grant: Granted
-    conn: _Conn | None = field(default=None)
+    conn: WorkerConnection | None = field(default=None)
     wait_s: float = 0.0  # the leased worker is the call's alone
 
     @property
@@ -129,7 +105,7 @@ class SupervisorClient:
         self._reader_task: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[NodeMessage]] = {}
         self._ids = itertools.count(1)
-        self._pool: dict[str, list[_Conn]] = {}
+        self._pool: dict[str, list[WorkerConnection]] = {}
         self._pooled = 0  # connections in the pool
         self._on_change: ChangeHandler | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -393,17 +369,14 @@ class SupervisorClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _stop(self, lease: object, conn: _Conn, within_s: float, kernels_version: str) -> None:
+    async def _stop(self, lease: object, conn: WorkerConnection, within_s: float, kernels_version: str) -> None:
         """Half-close the run's connection (the worker stops the guest when it turns readable)
         and read to the worker's answer; the lease, and so the tenant's slot, is held till then."""
         outcome = Outcome.HARD_TIMEOUT
         try:
             async with asyncio.timeout(within_s):
-                conn.writer.write_eof()
-                while True:
-                    msg, _ = await read_frame_async(conn.reader)
-                    if not isinstance(msg, Chunk):  # a streamed run's output is nobody's now
-                        break
+                conn.write_eof()
+                msg, _ = await conn.next_frame()  # a streamed run's chunks are nobody's now: dropped
             outcome = outcome_of(msg)
         except TimeoutError:
             pass  # stuck outside the guest's code (a host call): replaced, as at its deadline
@@ -475,24 +448,23 @@ class SupervisorClient:
                 self._send(CompileDone(tenant_id))
 
     # -- worker connections ---------------------------------------------------------------------
-    async def worker_conn(self, grant: Granted) -> _Conn:
+    async def worker_conn(self, grant: Granted) -> WorkerConnection:
         return await self._conn(grant.worker_id, grant.socket)
 
-    async def route_conn(self, route: Route) -> _Conn:
+    async def route_conn(self, route: Route) -> WorkerConnection:
         return await self._conn(route.worker_id, route.socket)
 
-    async def _conn(self, worker_id: str, socket: str) -> _Conn:
+    async def _conn(self, worker_id: str, socket: str) -> WorkerConnection:
         conns = self._pool.get(worker_id)
         while conns:
             conn = conns.pop()
             self._pooled -= 1
-            if not conn.reader.at_eof():
+            if not conn.at_eof():
                 return conn
             conn.close()
-        reader, writer = await asyncio.open_unix_connection(socket, limit=1 << 20)
-        return _Conn(reader, writer)
+        return await WorkerConnection.open(socket)
 
-    def _park(self, worker_id: str, conn: _Conn) -> None:
+    def _park(self, worker_id: str, conn: WorkerConnection) -> None:
         while self._pooled >= _POOL_LIMIT and self._pool:  # oldest worker first: retired ones age out
             oldest = self._pool.pop(next(iter(self._pool)))
             self._pooled -= len(oldest)

@@ -1,0 +1,194 @@
+"""A front's connection to one worker's unix socket: runs out, frames (app/contract/frames.py) back.
+
+A protocol of its own rather than asyncio's streams: a reply is parsed where its bytes arrive
+(`data_received`) and handed to the waiting call in one step, where a StreamReader took three
+`readexactly` awaits per frame, each with its own checks and, when the bytes were not in yet, a
+future of its own. A body over WHOLE_BYTES goes straight into a buffer of its size (one copy,
+as `read_frame_async` reads it). Chunks of a streamed run go to the call's `on_chunk` as they
+arrive; the run's last frame answers `exchange`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from app.contract.frames import _HEAD, Buffer, Payload, ProtocolError, _check, _decode, encode
+from app.contract.messages import Chunk, Run, WorkerMessage
+from app.observability.phases import REPLY, SEND, WHOLE_BYTES, clock, lap
+
+Frame = tuple[WorkerMessage, Payload]
+
+
+class WorkerConnection(asyncio.Protocol):
+    """One connection; one exchange at a time. Raises what a stream would: EOFError
+    (asyncio.IncompleteReadError) when the worker closes mid-frame or before answering, OSError
+    when the connection fails, ProtocolError for a frame that cannot be read."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._frames: list[Frame] = []  # complete frames no one has taken yet
+        self._head: tuple[WorkerMessage, int] | None = None  # a large frame's header and body length
+        self._body: bytearray | None = None  # ... and its body as far as it came
+        self._got = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._on_chunk: Callable[[Payload], None] | None = None
+        self._error: BaseException | None = None  # the connection's end, raised to every later read
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def open(cls, path: str) -> WorkerConnection:
+        transport, protocol = await asyncio.get_running_loop().create_unix_connection(cls, path)
+        protocol._transport = transport  # uvloop may call connection_made after this returns
+        return protocol
+
+    # -- the caller's side -----------------------------------------------------------------------
+    async def exchange(self, run: Run, body: Buffer, on_chunk: Callable[[Payload], None] | None) -> Frame:
+        """Send the run; the worker's last frame and its body (Chunk frames go to `on_chunk`)."""
+        t = clock()
+        transport = self._live()
+        transport.writelines(encode(run, body))
+        lap(SEND, t)
+        if self._paused:
+            await self._drain()
+        self._on_chunk = on_chunk
+        try:
+            return await self.next_frame()
+        finally:
+            self._on_chunk = None
+
+    async def next_frame(self) -> Frame:
+        """The next frame that is not a Chunk (chunks go to the exchange's `on_chunk`, if any)."""
+        while not self._frames:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._frames.pop(0)
+
+    def write_eof(self) -> None:
+        self._live().write_eof()
+
+    def at_eof(self) -> bool:
+        return self._error is not None or self._transport is None or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _live(self) -> asyncio.Transport:
+        if self._error is not None:
+            raise self._error
+        assert self._transport is not None
+        return self._transport
+
+    async def _drain(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._drained)
+
+    # -- the event loop's side -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # a unix socket's: a Transport
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._release_drain()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._error is None:
+            partial = bytes(self._buf) if self._body is None else bytes(memoryview(self._body)[: self._got])
+            self._error = exc if exc is not None else asyncio.IncompleteReadError(partial, None)
+        self._release_drain()
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        try:
+            self._take(data)
+        except ProtocolError as exc:
+            self._error = exc
+            if self._transport is not None:
+                self._transport.close()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None  # close: a worker that half-closes is done with this connection
+
+    def _take(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._body is not None:  # a large body arriving: straight into its buffer
+                n = min(len(view), len(self._body) - self._got)
+                self._body[self._got : self._got + n] = view[:n]
+                self._got += n
+                view = view[n:]
+                if self._got == len(self._body):
+                    assert self._head is not None
+                    self._frame(self._head[0], self._body)
+                    self._head, self._body, self._got = None, None, 0
+                continue
+            self._buf += view
+            view = view[len(view) :]
+            self._parse()
+
+    def _parse(self) -> None:
+        """Complete frames out of the buffer; a large body's start moves to its own buffer."""
+        buf = self._buf
+        while len(buf) >= _HEAD.size:
+            hlen, blen = _HEAD.unpack_from(buf)
+            _check(hlen, blen)
+            start = _HEAD.size + hlen
+            if len(buf) < start:
+                return
+            end = start + blen
+            if blen <= WHOLE_BYTES:
+                if len(buf) < end:
+                    return
+                t = clock()
+                header = _decode(bytes(buf[_HEAD.size : start]))
+                body = bytes(buf[start:end])
+                del buf[:end]
+                lap(REPLY, t)
+                self._frame(header, body)
+                continue
+            t = clock()
+            header = _decode(bytes(buf[_HEAD.size : start]))
+            lap(REPLY, t)
+            self._body = bytearray(blen)
+            self._got = min(blen, len(buf) - start)
+            self._body[: self._got] = buf[start : start + self._got]
+            self._head = (header, blen)
+            del buf[: start + self._got]
+            if self._got == blen:
+                self._frame(header, self._body)
+                self._head, self._body, self._got = None, None, 0
+                continue
+            return
+
+    def _frame(self, header: WorkerMessage, body: Payload) -> None:
+        if isinstance(header, Chunk):
+            if self._on_chunk is not None:
+                self._on_chunk(body)
+            return
+        self._frames.append((header, body))
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and (self._frames or self._error is not None):
+            waiter.set_result(None)
+
+    def _release_drain(self) -> None:
+        """Wake a wait for the buffer to drain; a connection lost meanwhile raises at the read."""
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
