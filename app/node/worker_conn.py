@@ -49,12 +49,12 @@ class WorkerConnection(asyncio.Protocol):
         """Send the run; the worker's last frame and its body (Chunk frames go to `on_chunk`)."""
         t = clock()
         transport = self._live()
-        transport.writelines(encode(run, body))
-        lap(SEND, t)
-        if self._paused:
-            await self._drain()
-        self._on_chunk = on_chunk
+        self._on_chunk = on_chunk  # before the write: a stream's first chunk may come while it drains
         try:
+            transport.writelines(encode(run, body))
+            lap(SEND, t)
+            if self._paused:
+                await self._drain()
             return await self.next_frame()
         finally:
             self._on_chunk = None

@@ -130,13 +130,16 @@ async def test_a_run_larger_than_the_socket_buffer_waits_for_it_to_drain(tmp_pat
     body = b"y" * (8 << 20)
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_frame(Chunk(), b"early"))  # a stream's first chunk, while the run is still coming
         await asyncio.sleep(0.2)  # the connection's writes pause meanwhile
         got = await _read_run(reader)
         writer.write(_frame(Result(status=RunStatus.OK, stdout_len=len(got))))
 
+    chunks: list[bytes] = []
     async with _far(tmp_path, slow) as conn:
-        msg, _ = await conn.exchange(_run(), body, None)
+        msg, _ = await conn.exchange(_run(), body, lambda c: chunks.append(bytes(c)))
         assert isinstance(msg, Result) and msg.stdout_len == len(body)
+        assert chunks == [b"early"]
 
 
 async def test_after_a_half_close_the_next_frame_is_the_workers_answer(tmp_path: Path) -> None:
