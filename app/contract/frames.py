@@ -15,7 +15,7 @@ import msgspec
 from app.contract.messages import WorkerMessage, worker_decoder, worker_encoder
 from app.observability.phases import REPLY, WHOLE_BYTES, clock, lap
 
-_HEAD = struct.Struct("<II")
+HEAD = struct.Struct("<II")
 MAX_HEADER = 16 * 1024 * 1024
 MAX_BODY = 1 << 31
 _SMALL_BODY = 256 * 1024  # read whole; a larger body goes straight into a buffer of its size
@@ -31,15 +31,15 @@ class ProtocolError(RuntimeError):
 def encode(header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> list[Buffer]:
     """`more`: further parts of the body, sent after it as they are (never joined to it)."""
     raw = worker_encoder.encode(header)
-    return [_HEAD.pack(len(raw), len(body) + sum(len(m) for m in more)), raw, body, *more]
+    return [HEAD.pack(len(raw), len(body) + sum(len(m) for m in more)), raw, body, *more]
 
 
-def _check(hlen: int, blen: int) -> None:
+def check_sizes(hlen: int, blen: int) -> None:
     if hlen > MAX_HEADER or blen > MAX_BODY:
         raise ProtocolError(f"frame too large: header {hlen}, body {blen}")
 
 
-def _decode(raw: bytes | memoryview) -> WorkerMessage:
+def decode_header(raw: bytes | memoryview) -> WorkerMessage:
     try:
         return worker_decoder.decode(raw)
     except msgspec.DecodeError as exc:
@@ -54,29 +54,29 @@ def write_frame(stream: BinaryIO, header: WorkerMessage, body: Buffer = b"", *mo
 
 def read_frame(stream: BinaryIO) -> tuple[WorkerMessage, bytes] | None:
     """The next frame, or None at a clean end of stream."""
-    head = stream.read(_HEAD.size)
+    head = stream.read(HEAD.size)
     if not head:
         return None
-    if len(head) < _HEAD.size:
+    if len(head) < HEAD.size:
         raise ProtocolError("truncated frame")
-    hlen, blen = _HEAD.unpack(head)
-    _check(hlen, blen)
+    hlen, blen = HEAD.unpack(head)
+    check_sizes(hlen, blen)
     raw = stream.read(hlen)
     if len(raw) != hlen:
         raise ProtocolError("truncated header")
     body = stream.read(blen) if blen else b""
     if len(body) != blen:
         raise ProtocolError("truncated body")
-    return _decode(raw), body
+    return decode_header(raw), body
 
 
 async def read_frame_async(reader: asyncio.StreamReader) -> tuple[WorkerMessage, Payload]:
     """Raises asyncio.IncompleteReadError when the peer closes. The frame's reading, once its
     first bytes are in, is a front's REPLY phase (a body over WHOLE_BYTES may wait for the rest)."""
-    hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))  # the wait for the peer
+    hlen, blen = HEAD.unpack(await reader.readexactly(HEAD.size))  # the wait for the peer
     t = clock()
-    _check(hlen, blen)
-    header = _decode(await reader.readexactly(hlen))
+    check_sizes(hlen, blen)
+    header = decode_header(await reader.readexactly(hlen))
     if blen <= WHOLE_BYTES:
         whole = await reader.readexactly(blen) if blen else b""
         lap(REPLY, t)

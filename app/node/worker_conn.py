@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from app.contract.frames import _HEAD, Buffer, Payload, ProtocolError, _check, _decode, encode
+from app.contract.frames import HEAD, Buffer, Payload, ProtocolError, check_sizes, decode_header, encode
 from app.contract.messages import Chunk, Run, WorkerMessage
 from app.observability.phases import REPLY, SEND, WHOLE_BYTES, clock, lap
 
@@ -29,7 +29,7 @@ class WorkerConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._frames: list[Frame] = []  # complete frames no one has taken yet
-        self._head: tuple[WorkerMessage, int] | None = None  # a large frame's header and body length
+        self._head: WorkerMessage | None = None  # a large frame's header
         self._body: bytearray | None = None  # ... and its body as far as it came
         self._got = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -128,52 +128,49 @@ class WorkerConnection(asyncio.Protocol):
         view = memoryview(data)
         while view:
             if self._body is not None:  # a large body arriving: straight into its buffer
-                n = min(len(view), len(self._body) - self._got)
-                self._body[self._got : self._got + n] = view[:n]
-                self._got += n
-                view = view[n:]
-                if self._got == len(self._body):
-                    assert self._head is not None
-                    self._frame(self._head[0], self._body)
-                    self._head, self._body, self._got = None, None, 0
-                continue
-            self._buf += view
-            view = view[len(view) :]
-            self._parse()
+                view = self._fill(view)
+            else:
+                self._buf += view
+                view = self._parse()
 
-    def _parse(self) -> None:
-        """Complete frames out of the buffer; a large body's start moves to its own buffer."""
+    def _fill(self, view: memoryview) -> memoryview:
+        """A large body's next bytes from `view`; returns what comes after the body."""
+        body = self._body
+        assert body is not None and self._head is not None
+        n = min(len(view), len(body) - self._got)
+        body[self._got : self._got + n] = view[:n]
+        self._got += n
+        if self._got == len(body):
+            header = self._head
+            self._head, self._body, self._got = None, None, 0
+            self._frame(header, body)
+        return view[n:]
+
+    def _parse(self) -> memoryview:
+        """Complete frames out of the buffer. At a large frame's header its body gets a buffer of
+        its own, and what the buffer held of it is returned, to fill that buffer."""
         buf = self._buf
-        while len(buf) >= _HEAD.size:
-            hlen, blen = _HEAD.unpack_from(buf)
-            _check(hlen, blen)
-            start = _HEAD.size + hlen
-            if len(buf) < start:
-                return
+        while len(buf) >= HEAD.size:
+            hlen, blen = HEAD.unpack_from(buf)
+            check_sizes(hlen, blen)
+            start = HEAD.size + hlen
             end = start + blen
-            if blen <= WHOLE_BYTES:
-                if len(buf) < end:
-                    return
-                t = clock()
-                header = _decode(bytes(buf[_HEAD.size : start]))
-                body = bytes(buf[start:end])
-                del buf[:end]
-                lap(REPLY, t)
-                self._frame(header, body)
-                continue
+            whole = blen <= WHOLE_BYTES
+            if len(buf) < (end if whole else start):
+                break
             t = clock()
-            header = _decode(bytes(buf[_HEAD.size : start]))
+            header = decode_header(bytes(buf[HEAD.size : start]))
+            if not whole:
+                lap(REPLY, t)
+                self._head, self._body, self._got = header, bytearray(blen), 0
+                rest = bytes(buf[start:])
+                del buf[:]
+                return memoryview(rest)
+            body = bytes(buf[start:end])
+            del buf[:end]
             lap(REPLY, t)
-            self._body = bytearray(blen)
-            self._got = min(blen, len(buf) - start)
-            self._body[: self._got] = buf[start : start + self._got]
-            self._head = (header, blen)
-            del buf[: start + self._got]
-            if self._got == blen:
-                self._frame(header, self._body)
-                self._head, self._body, self._got = None, None, 0
-                continue
-            return
+            self._frame(header, body)
+        return memoryview(b"")
 
     def _frame(self, header: WorkerMessage, body: Payload) -> None:
         if isinstance(header, Chunk):

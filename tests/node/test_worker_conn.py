@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.contract.frames import _HEAD, MAX_HEADER, ProtocolError, encode
+from app.contract.frames import HEAD, MAX_HEADER, ProtocolError, encode
 from app.contract.messages import Chunk, Done, Result, Run, RunStatus, WorkerMessage
 from app.node.worker_conn import WorkerConnection
 from app.observability.phases import WHOLE_BYTES
@@ -32,7 +32,7 @@ def _frame(msg: WorkerMessage, body: bytes = b"") -> bytes:
 
 async def _read_run(reader: asyncio.StreamReader) -> bytes:
     """The run the connection sent: its body."""
-    hlen, blen = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    hlen, blen = HEAD.unpack(await reader.readexactly(HEAD.size))
     await reader.readexactly(hlen)
     return await reader.readexactly(blen)
 
@@ -111,7 +111,7 @@ async def test_a_worker_gone_mid_frame_or_before_answering_raises_eof(tmp_path: 
 async def test_a_frame_that_cannot_be_read_is_a_protocol_error(tmp_path: Path) -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_run(reader)
-        writer.write(_HEAD.pack(3, 0) + b"\xc1\xc1\xc1")  # not MessagePack
+        writer.write(HEAD.pack(3, 0) + b"\xc1\xc1\xc1")  # not MessagePack
 
     async with _far(tmp_path, garbage) as conn:
         with pytest.raises(ProtocolError):
@@ -119,7 +119,7 @@ async def test_a_frame_that_cannot_be_read_is_a_protocol_error(tmp_path: Path) -
 
     async def oversized(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_run(reader)
-        writer.write(_HEAD.pack(MAX_HEADER + 1, 0))
+        writer.write(HEAD.pack(MAX_HEADER + 1, 0))
 
     async with _far(tmp_path, oversized) as conn:
         with pytest.raises(ProtocolError, match="too large"):
