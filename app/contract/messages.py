@@ -121,6 +121,10 @@ class Bind(_W, tag="bind"):
     share_row: int = -1
     device: int = 0
     gpu_weight: int = 1
+    # make the backend's deferred set-up (cuBLAS's handle) once idle: the tenant's calls have
+    # used it. Otherwise a bound worker leaves it to the first call that needs it: each handle
+    # made is driver time that other workers' starts wait for.
+    warm: bool = False
 
 
 class Done(_W, tag="ok"):

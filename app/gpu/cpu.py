@@ -15,6 +15,8 @@ from app.kernels.std_numpy import STD
 
 
 class CpuBackend:
+    deferred_used = False  # nothing is deferred
+
     def __init__(self) -> None:
         import os
 

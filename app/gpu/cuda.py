@@ -131,6 +131,7 @@ class CudaBackend:
         # cuBLAS's handle (~100 ms) is made in warm_idle, not here: a start is on the path of the
         # calls that wait for it, and the driver creates contexts one after another per host
         self._blas_ready = False
+        self.deferred_used = False  # a gemm ran: the worker tells its supervisor (app/worker/stats.py)
 
     # -- memory ---------------------------------------------------------------------------
     def set_cap(self, cap_bytes: int) -> None:
@@ -318,7 +319,8 @@ class CudaBackend:
 
     def warm_idle(self) -> None:
         """Make cuBLAS's handle, so that a tenant's first gemm does not pay it (the worker calls
-        this once it has waited a moment with nothing to do; a gemm before makes it anyway)."""
+        this once it has waited a moment with nothing to do, as a spare or for a tenant that has
+        used gemm; a gemm before makes it anyway)."""
         if not self._blas_ready:
             w = self.cp.ones((8, 8), dtype=self.cp.float32)
             self.cp.matmul(w, w)
@@ -326,7 +328,7 @@ class CudaBackend:
             self._blas_ready = True
 
     def _gemm(self, args: list[Any]) -> None:
-        self._blas_ready = True
+        self._blas_ready = self.deferred_used = True
         cp = self.cp
         (a, ao), (b, bo), (c, co), m, n, k = args
         if m == 0 or n == 0:

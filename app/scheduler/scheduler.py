@@ -98,6 +98,7 @@ class _Tenant:
     workers: list[WorkerHandle] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
     growing: bool = False  # a bind asked by a front's `grow` is under way
+    warm: bool = False  # a worker of the tenant that has gone had used the backend's deferred set-up
 
     @property
     def running(self) -> int:
@@ -235,6 +236,7 @@ class Scheduler:
     def _unbind(self, w: WorkerHandle) -> None:
         for ts in self.tenants.values():
             if w in ts.workers:
+                ts.warm = ts.warm or w.used_deferred()  # read before its page is closed
                 ts.workers.remove(w)
                 self._routes_changed(ts.principal.id)
 
@@ -455,7 +457,8 @@ class Scheduler:
         self.devices.bound(device, cap)  # now: other calls place while this one binds
         try:
             share_path = str(self.share.path) if self.share is not None else ""
-            await spare.bind(ts.principal.id, ts.principal.name, cap, self.secret, share_path, ts.principal.quota.gpu_weight)
+            warm = ts.warm or any(w.used_deferred() for w in ts.workers)
+            await spare.bind(ts.principal.id, ts.principal.name, cap, self.secret, share_path, ts.principal.quota.gpu_weight, warm)
         except WorkerLost:
             self.devices.bound(device, -cap)  # not bound: it leaves as a spare would
             self.pool.retire(spare, "crashed")

@@ -139,14 +139,18 @@ class WorkerHandle:
                 return reply, data
             on_chunk(data)
 
-    async def bind(self, tenant_id: str, tenant_name: str, gpu_cap: int, secret: bytes = b"", share_path: str = "", gpu_weight: int = 1) -> None:
+    async def bind(
+        self, tenant_id: str, tenant_name: str, gpu_cap: int, secret: bytes = b"", share_path: str = "", gpu_weight: int = 1,
+        warm: bool = False,
+    ) -> None:
         """Bind to a tenant with no kernels: the first run carries the tenant's current set.
-        `share_path`: the node's GPU share table, where the worker's `share_row` is bound."""
+        `share_path`: the node's GPU share table, where the worker's `share_row` is bound;
+        `warm`: the tenant's calls have used the backend's deferred set-up (`Bind.warm`)."""
         header, _ = await self.request(
             Bind(
                 tenant_id=tenant_id, tenant=tenant_name, gpu_memory_bytes=gpu_cap, worker_id=self.id, secret=secret,
                 share_path=share_path if self.share_row >= 0 else "", share_row=self.share_row, device=self.device_index,
-                gpu_weight=gpu_weight,
+                gpu_weight=gpu_weight, warm=warm,
             )
         )
         if not isinstance(header, Done):
@@ -156,6 +160,10 @@ class WorkerHandle:
 
     def live_stats(self) -> dict[str, int]:
         return self.stats.read() if self.stats else {}
+
+    def used_deferred(self) -> bool:
+        """A call on this worker has used the backend's deferred set-up (its page says so)."""
+        return self.stats is not None and self.stats.get("deferred_used") != 0
 
     def kill(self) -> None:
         self.state = WorkerState.DEAD

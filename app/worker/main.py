@@ -169,12 +169,18 @@ class _Worker:
         self.lease_id = ""
         self.past: deque[str] = deque(maxlen=64)
         self.kernels_version = ""  # of the kernel set the host holds (none at bind)
-        self.deferred = True  # the backend's warm-up left off its start (`warm_idle`)
+        # The backend's warm-up left off its start (`warm_idle`) is wanted: by a spare, and by a
+        # worker bound to a tenant whose calls have used it (`Bind.warm`). Every other bound
+        # worker leaves it to the first call that needs it: in a node switching tenants, each
+        # bound worker's warm-up took driver time from the starts the switches wait for.
+        self.deferred = True
+        self.warmed = False
+        self.deferred_reported = False  # the page says a call used it
 
     def do_deferred(self) -> None:
         """The backend's deferred warm-up, once the worker has waited IDLE_WORK_AFTER_S for work
         (a worker busy before then makes cuBLAS's handle at its tenant's first gemm instead)."""
-        self.deferred = False
+        self.deferred, self.warmed = False, True
         try:
             self.host.backend.warm_idle()
         except Exception as exc:  # the call that needs it makes it again, and fails there if it must
@@ -192,6 +198,7 @@ class _Worker:
             if msg.share_path and msg.share_row >= 0:
                 self.host.share = _share(msg)
             self.host.set_kernels(msg.kernels or {})
+            self.deferred = msg.warm and not self.warmed
             self.bind_tokens(msg.tenant_id, msg.worker_id, msg.secret)
             self.kernels_version = ""
             self.stats.set("gpu_bytes_cap", msg.gpu_memory_bytes)
@@ -277,6 +284,9 @@ class _Worker:
         self.invocations += 1
         self.stats.set("invocations", self.invocations)
         self.stats.set("launches", self.host.launches_total)
+        if not self.deferred_reported and self.host.backend.deferred_used:
+            self.deferred_reported = True
+            self.stats.set("deferred_used", 1)
 
 
 # A worker with nothing to do this long does its deferred warm-up: long enough that a spare bound

@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 # supervisor, which reads when a worker was last busy here)
 # running_since_ms: CLOCK_MONOTONIC at the start of the running call (the supervisor's backstop
 # for a hard deadline that no front enforces: a front stopped mid-call)
-FIELDS = ("gpu_bytes_in_use", "gpu_bytes_cap", "launches", "invocations", "running", "last_done", "last_used_ms", "running_since_ms")
+# deferred_used: 1 once a call used what the backend's deferred set-up makes (the supervisor
+# asks the tenant's next workers to make it ahead, app/contract/messages.py `Bind.warm`)
+FIELDS = (
+    "gpu_bytes_in_use", "gpu_bytes_cap", "launches", "invocations", "running", "last_done", "last_used_ms", "running_since_ms",
+    "deferred_used",
+)
 _LAYOUT = struct.Struct("<" + "q" * len(FIELDS))
 _PREFIX = "tensorwasm-worker-"
 _NAME = re.compile(re.escape(_PREFIX) + r"(\d+)\.(\d+)-([0-9a-f]+)\.stats")

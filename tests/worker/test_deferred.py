@@ -1,5 +1,7 @@
 """A worker's backend warm-up left off its start (cuBLAS's handle on CUDA) is done once the worker
-has waited a moment with nothing to do, once, and a failing one does not stop the worker."""
+has waited a moment with nothing to do, once, and a failing one does not stop the worker. A spare
+wants it; a bound worker only when its bind says the tenant's calls have used it (`Bind.warm`);
+a call that used it is noted on the worker's page once."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from app.contract.frames import write_frame
+from app.contract.messages import Bind
 from app.worker import main
 from app.worker.main import _serve_fronts, _Worker
 
@@ -24,9 +28,33 @@ def _short_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(main, "IDLE_WORK_AFTER_S", IDLE_S)
 
 
-def _serve(tmp_path: Path, warm: object) -> tuple[threading.Thread, int]:
-    worker = _Worker(runner=None, host=SimpleNamespace(backend=SimpleNamespace(warm_idle=warm)), memory=None, stats=None)
+class _Page:
+    def __init__(self) -> None:
+        self.fields: dict[str, int] = {}
+
+    def set(self, field: str, value: int) -> None:
+        self.fields[field] = value
+
+
+def _worker(warm: object) -> _Worker:
+    host = SimpleNamespace(
+        backend=SimpleNamespace(warm_idle=warm, deferred_used=False), bind=lambda cap: None, set_kernels=lambda kernels: None,
+        share=None, launches_total=0,
+    )
+    return _Worker(runner=None, host=host, memory=None, stats=_Page())
+
+
+def _bind(warm: bool) -> Bind:
+    return Bind(tenant_id="t1", tenant="one", gpu_memory_bytes=0, warm=warm)
+
+
+def _serve(tmp_path: Path, warm: object, bind: Bind | None = None) -> tuple[threading.Thread, int]:
+    """The worker's loop on a thread; `bind` is on its pipe before it starts."""
+    worker = _worker(warm)
     r, w = os.pipe()
+    if bind is not None:
+        with os.fdopen(os.dup(w), "wb") as f:
+            write_frame(f, bind)
     t = threading.Thread(target=_serve_fronts, args=(worker, os.fdopen(r, "rb"), io.BytesIO(), str(tmp_path / "w.sock")), daemon=True)
     t.start()
     return t, w
@@ -61,3 +89,41 @@ def test_a_failing_warm_up_is_logged_and_the_worker_goes_on(tmp_path: Path, capl
         os.close(pipe)
         t.join(5)
     assert not t.is_alive()
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_bound_worker_warms_up_only_when_its_bind_says_so(tmp_path: Path, warm: bool) -> None:
+    calls: list[float] = []
+    t, pipe = _serve(tmp_path, lambda: calls.append(time.monotonic()), bind=_bind(warm))
+    time.sleep(10 * IDLE_S)
+    assert len(calls) == (1 if warm else 0)
+    os.close(pipe)
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_a_worker_that_warmed_as_a_spare_does_not_warm_again_at_its_bind() -> None:
+    calls: list[int] = []
+    worker = _worker(lambda: calls.append(1))
+    worker.do_deferred()  # as a spare
+    worker.control(_bind(True), b"", io.BytesIO())
+    assert not worker.deferred and calls == [1]
+    worker = _worker(lambda: calls.append(2))
+    worker.control(_bind(False), b"", io.BytesIO())  # bound before its spare's warm-up: never
+    assert not worker.deferred
+
+
+def test_a_call_that_used_the_deferred_set_up_is_noted_on_the_page_once() -> None:
+    worker = _worker(lambda: None)
+    result = SimpleNamespace(status="ok", stdout=bytearray(b"out"), stderr=b"", exit_code=0, error=None, duration_ms=1.0, host={}, spans=None)
+    worker.runner = SimpleNamespace(run=lambda *_a: result, prepare=lambda _msg: None)
+    worker.memory = SimpleNamespace(scrub=lambda: None)
+    run = main.Run("inv-1", "f", "0" * 64, {}, 1000, 1 << 20, 1 << 20, 1 << 10)
+    worker.run(run, b"", io.BytesIO())
+    assert "deferred_used" not in worker.stats.fields
+    worker.host.backend.deferred_used = True  # that call ran a gemm
+    worker.run(run, b"", io.BytesIO())
+    assert worker.stats.fields["deferred_used"] == 1
+    worker.stats.fields["deferred_used"] = 0
+    worker.run(run, b"", io.BytesIO())
+    assert worker.stats.fields["deferred_used"] == 0  # noted once, not at every call
