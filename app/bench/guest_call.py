@@ -125,7 +125,7 @@ class EchoGuest:
         artifacts = ArtifactCache(work)
         sha = "0" * 64
         artifacts.store(sha, wasmtime.Module(self.engine, ECHO_WAT), start_function=False)
-        self.runner = GuestRunner(self.engine, artifacts, host, tick_ms=5)
+        self.runner = GuestRunner(self.engine, artifacts, host, tick_ms=5, memory=self.memory)
         self.runner.warm_up()
         self.memory.scrub()
         self.req = Run("bench", "echo", sha, {"GREETING": "hi"}, 10_000, 64 << 20, 1 << 20, 1 << 20)

@@ -46,7 +46,7 @@ def abi_launch_ns(wasm: bytes, launches: int = 20_000) -> float:
     backend.prepare_std = lambda *_a, **_k: (lambda: None)  # type: ignore[method-assign]
     host = AbiHost(backend, 1024, 64, memory)
     host.bind(1 << 20)
-    runner = GuestRunner(make_engine(memory), cache, host, 5)
+    runner = GuestRunner(make_engine(memory), cache, host, 5, memory)
     sha = hashlib.sha256(wasm).hexdigest()
     cache.store(sha, wasmtime.Module(make_engine(), wasm), start_function=has_start_function(wasm))
     body = request("scale_f32", [Buf(64)], [rec_buf(0), rec_f32(1.0), rec_i32(16)], [], block=(16, 1, 1), repeat=launches, flags=TIME_LAUNCHES)

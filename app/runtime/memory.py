@@ -60,7 +60,9 @@ def _check(rc: int, what: str) -> None:
 
 
 @dataclass
-class _Region:
+class Region:
+    """One reserved guest memory; host calls read its base and size while its instance runs."""
+
     base: int
     reserve: int  # bytes the memory may grow to without moving
     guard: int
@@ -82,8 +84,8 @@ class GuestMemory:
         self.pin_budget_bytes = pin_budget_bytes
         self.pinned_bytes = 0
         self._pin: Pin | None = None
-        self._regions: dict[int, _Region] = {}  # base address -> region, for the worker's life
-        self._live: _Region | None = None  # the instance running now (one at a time)
+        self._regions: dict[int, Region] = {}  # base address -> region, for the worker's life
+        self._live: Region | None = None  # the instance running now (one at a time)
         # ctypes callbacks must outlive every Engine that holds them
         self._cb_new = wasmtime._ffi.wasmtime_new_memory_callback_t(self._new_memory)
         self._cb_get = wasmtime._ffi.wasmtime_memory_get_callback_t(self._get_memory)
@@ -153,14 +155,14 @@ class GuestMemory:
             if self._live is region:
                 self._live = None
 
-    def live_region(self, base: int) -> _Region | None:
+    def live_region(self, base: int) -> Region | None:
         """The in-use region starting at `base`: its `base` never moves and its `size` follows
         memory.grow, so a host function can bounds-check without asking wasmtime."""
         region = self._regions.get(base)
         return region if region is not None and region.live else None
 
     # -- regions ------------------------------------------------------------------------------
-    def _take(self, reserve: int, guard: int) -> _Region:
+    def _take(self, reserve: int, guard: int) -> Region:
         for region in self._regions.values():
             if not region.live and region.reserve == reserve and region.guard == guard:
                 if region.dirty:
@@ -169,7 +171,7 @@ class GuestMemory:
         base = _mmap(None, reserve + guard, _PROT_NONE, _MAP_FLAGS, -1, 0)
         if base is None or base == _MAP_FAILED:
             raise OSError(ctypes.get_errno(), "mmap of a guest memory reservation failed")
-        region = _Region(base=base, reserve=reserve, guard=guard)
+        region = Region(base=base, reserve=reserve, guard=guard)
         self._regions[base] = region
         return region
 
@@ -179,7 +181,7 @@ class GuestMemory:
             if region.dirty and not region.live:
                 self._scrub(region)
 
-    def _scrub(self, region: _Region) -> None:
+    def _scrub(self, region: Region) -> None:
         if region.high <= ZERO_IN_PLACE:  # zeroed in place, left open (two syscalls fewer a call)
             ctypes.memset(region.base, 0, region.high)
             region.open = region.high
@@ -224,7 +226,7 @@ class GuestMemory:
             pos = nxt
         return out
 
-    def _try_pin(self, region: _Region, chunk: int, lo: int, hi: int) -> bool:
+    def _try_pin(self, region: Region, chunk: int, lo: int, hi: int) -> bool:
         if self._pin is None or chunk < lo or chunk + CHUNK > hi or self.pinned_bytes + CHUNK > self.pin_budget_bytes:
             return False
         try:

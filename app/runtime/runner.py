@@ -29,12 +29,24 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import wasmtime
+from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
 
 from app.contract.messages import Run, RunStatus
 from app.runtime.artifacts import ArtifactCache, ArtifactUnavailable
 from app.runtime.bundles import BundleStore
 from app.runtime.files import FilesUnavailable, GuestFiles
-from app.runtime.linking import call_export, define_raw, export_func, guest_memory, trap_with
+from app.runtime.linking import (
+    SLOTS_BY_ADDRESS,
+    call_export,
+    caller_pointer,
+    define_raw,
+    export_func,
+    guest_memory_at,
+    instance_memory,
+    string_at,
+    trap_with,
+)
+from app.runtime.memory import GuestMemory, Region
 from app.runtime.redact import without_host_paths
 from app.runtime.spans import SpanRecorder
 from app.runtime.wasi import WasiContexts
@@ -45,8 +57,12 @@ _EBADF, _EFAULT, _EINVAL = 8, 21, 28
 _IOV_MAX = 1024  # as wasi-libc and Linux: a longer iovec table is refused, not copied
 _IOVEC = struct.Struct("<II")
 _U32 = struct.Struct("<I")
+_FD_WRITE_PARAMS = struct.Struct("<i12xi12xi12xi")  # four i32 parameters, one per 16-byte value slot
+_I32 = ctypes.c_int32
+_VALUES = ctypes.POINTER(ffi.wasmtime_val_raw_t)  # the slots as wasmtime-py's callbacks see them
 _NO_OFFSET = (1 << 64) - 1  # wasmtime's offset of a frame it could not place (usize::MAX)
 _NAME_CHARS = 128  # of a function's name in a trap's message
+_SMALL_WRITE = 64 << 10  # an output write up to this is appended through a bytes copy
 
 
 class OutputLimitExceeded(Exception):
@@ -111,7 +127,9 @@ class _Sink:
         take = min(length, self.limit - self.sent)
         if take > 0:
             if self.emit is not None:  # streamed: each write leaves at once, only its size is kept
-                self.emit(ctypes.string_at(addr, take))
+                self.emit(string_at(addr, take))
+            elif take <= _SMALL_WRITE:  # one short-lived copy: cheaper than resizing in place
+                self.buf += string_at(addr, take)
             else:
                 _append(self.buf, addr, take)
             self.sent += take
@@ -143,6 +161,7 @@ class _Ready:
     store: wasmtime.Store
     instance: wasmtime.Instance
     start: Any  # its raw `_start` handle (linking.export_func)
+    region: Region | None  # its exported memory, where it is one of the worker's regions
 
 
 # instantiating checks the epoch (while it writes data segments): a deadline it never reaches
@@ -235,9 +254,14 @@ class _Ticker(threading.Thread):
 
 class GuestRunner:
     def __init__(
-        self, engine: wasmtime.Engine, artifacts: ArtifactCache, host: HostAbi | None, tick_ms: int
+        self, engine: wasmtime.Engine, artifacts: ArtifactCache, host: HostAbi | None, tick_ms: int,
+        memory: GuestMemory | None = None,
     ) -> None:
+        """`memory`: the guest memories `engine` was made with (app/runtime/engine.py), if any;
+        a host call then finds its guest's memory in the region it lives in, without an FFI call."""
         self.engine = engine
+        self.memory = memory
+        self._region: Region | None = None  # the running instance's exported memory, once found
         self.artifacts = artifacts
         self.host = host
         self.tick_ms = tick_ms
@@ -245,7 +269,7 @@ class GuestRunner:
         self.linker.define_wasi()
         self.linker.allow_shadowing = True
         self._keepalive: list[Any] = []
-        define_raw(self.linker, WASI, "fd_write", ("i32",) * 4, ("i32",), self._fd_write_raw, self._keepalive)
+        define_raw(self.linker, WASI, "fd_write", ("i32",) * 4, ("i32",), self._fd_write_raw, self._keepalive, SLOTS_BY_ADDRESS)
         self._files = GuestFiles(engine, self.linker, self._keepalive, BundleStore(artifacts.base))
         if host is not None:
             host.define(self.linker)
@@ -296,7 +320,9 @@ class GuestRunner:
         except (wasmtime.WasmtimeError, wasmtime.Trap):
             store.close()
             return
-        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, instance, start)
+        base = instance_memory(store, instance) if self.memory is not None else None
+        region = self.memory.live_region(base) if self.memory is not None and base is not None else None
+        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, instance, start, region)
 
     def discard_ready(self) -> None:
         """Drop the instance built ahead, giving its linear memory back to the worker's pool."""
@@ -305,16 +331,19 @@ class GuestRunner:
             ready.store.close()
 
     # -- WASI stdout/stderr -------------------------------------------------------------------
-    def _fd_write_raw(self, _env: Any, caller: Any, v: Any, n: int) -> int:
+    def _fd_write_raw(self, _env: Any, caller: int, slots: int, n: int) -> int:
+        # caller and value slots as bare addresses (SLOTS_BY_ADDRESS): the four i32 parameters
+        # read in one step, the memory found without pointer objects (linking.guest_memory_at)
         try:
-            if v[0].i32 > 2 and self._files.active:  # one of the function's files
-                return self._files.fd_write(caller, v, n)
-            v[0].i32 = self._fd_write(caller, v[0].i32, v[1].i32, v[2].i32, v[3].i32)
+            fd, iovs, iovs_len, nwritten = _FD_WRITE_PARAMS.unpack(string_at(slots, _FD_WRITE_PARAMS.size))
+            if fd > 2 and self._files.active:  # one of the function's files
+                return self._files.fd_write(caller_pointer(caller), ctypes.cast(slots, _VALUES), n)
+            _I32.from_address(slots).value = self._fd_write(caller, fd, iovs, iovs_len, nwritten)
         except BaseException as exc:  # a cap crossed: the guest stops, `_start` raises `exc`
             return trap_with(exc)
         return 0
 
-    def _fd_write(self, caller: Any, fd: int, iovs: int, iovs_len: int, nwritten: int) -> int:
+    def _fd_write(self, caller: int, fd: int, iovs: int, iovs_len: int, nwritten: int) -> int:
         if fd == 1:
             sink = self._stdout
         elif fd == 2:
@@ -326,7 +355,13 @@ class GuestRunner:
         iovs, iovs_len, nwritten = iovs & 0xFFFFFFFF, iovs_len & 0xFFFFFFFF, nwritten & 0xFFFFFFFF
         if iovs_len > _IOV_MAX:
             return _EINVAL
-        base, size = guest_memory(caller)
+        region = self._region
+        if region is not None:  # its base never moves, its size follows memory.grow
+            base, size = region.base, region.size
+        else:
+            base, size = guest_memory_at(caller)
+            if self.memory is not None:
+                self._region = self.memory.live_region(base)
         if iovs + 8 * iovs_len > size or nwritten + 4 > size:
             return _EFAULT
         total = 0
@@ -421,6 +456,7 @@ class GuestRunner:
             store.set_epoch_deadline(ticks)
             if ready is not None:
                 instance, start = ready.instance, ready.start
+                self._region = ready.region
             else:
                 instance = pre.instantiate(store)
                 start = export_func(store, instance, b"_start")
@@ -452,6 +488,7 @@ class GuestRunner:
             else:
                 result.status, result.error = RunStatus.ERROR, _instantiate_error(text, req)
         finally:
+            self._region = None  # released with the store
             self._files.close()  # a scratch copy goes with its call
             store.close()  # now, not when collected: its memory is scrubbed after the reply
         if result.exit_code is None and result.status == RunStatus.OK:

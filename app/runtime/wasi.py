@@ -40,6 +40,8 @@ class WasiContexts:
     def __init__(self, argv_cache: int = 64) -> None:
         self._argv: OrderedDict[str, ctypes.Array[ctypes.c_char_p]] = OrderedDict()
         self._argv_cache = argv_cache
+        # a function's environment is the same at each call: its arrays are built once
+        self._env: OrderedDict[tuple[tuple[str, str], ...], tuple[ctypes.Array[ctypes.c_char_p], ctypes.Array[ctypes.c_char_p]]] = OrderedDict()
 
     def _argv0(self, name: str) -> ctypes.Array[ctypes.c_char_p]:
         argv = self._argv.get(name)
@@ -48,6 +50,18 @@ class WasiContexts:
             if len(self._argv) > self._argv_cache:
                 self._argv.popitem(last=False)
         return argv
+
+    def _env_arrays(self, env: dict[str, str]) -> tuple[ctypes.Array[ctypes.c_char_p], ctypes.Array[ctypes.c_char_p]]:
+        key = tuple(env.items())
+        arrays = self._env.get(key)
+        if arrays is None:
+            n = len(env)
+            names = (ctypes.c_char_p * n)(*[k.encode() for k in env])
+            values = (ctypes.c_char_p * n)(*[v.encode() for v in env.values()])
+            arrays = self._env[key] = (names, values)  # each array holds its strings
+            if len(self._env) > self._argv_cache:
+                self._env.popitem(last=False)
+        return arrays
 
     def set(
         self, store: wasmtime.Store, argv0: str, args: list[str], env: dict[str, str], stdin: bytes,
@@ -64,10 +78,8 @@ class WasiContexts:
             else:
                 ok = _set_argv(config, 1, self._argv0(argv0))
             if ok and env:
-                n = len(env)
-                names = (ctypes.c_char_p * n)(*[k.encode() for k in env])
-                values = (ctypes.c_char_p * n)(*[v.encode() for v in env.values()])
-                ok = _set_env(config, n, names, values)
+                names, values = self._env_arrays(env)
+                ok = _set_env(config, len(env), names, values)
             if not ok:
                 raise wasmtime.WasmtimeError("failed to configure the guest's argv or environment")
             if root is not None and not _preopen_dir(config, root[0].encode(), b"/", root[1]):

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         backend.attach_guest_memory(memory)
     host = AbiHost(backend, args.max_buffers, args.max_modules, memory)
     host.usage_hook = lambda used: stats.set("gpu_bytes_in_use", used)
-    runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms)
+    runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms, memory)
     runner.warm_up()
     memory.scrub()
     info = backend.info

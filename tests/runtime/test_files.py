@@ -30,7 +30,7 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     info = check_archive(archive, 1 << 20, 100)
     BundleStore(cache.base).unpack(info.sha256, archive, 100)
     memory = GuestMemory()
-    runner = GuestRunner(make_engine(memory), cache, None, 5)
+    runner = GuestRunner(make_engine(memory), cache, None, 5, memory)
     yield runner, compile_artifact(cache, c_guest("wasi_probe.c")), info.sha256, secret
     del memory
 

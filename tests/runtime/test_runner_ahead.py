@@ -55,7 +55,7 @@ def guests(tmp_path: Path, memory: GuestMemory) -> Iterator[Guests]:
         "started": counter_module(start_function=True),
         **{name: wat(name) for name in ("loop", "trap", "echo")},
     }
-    runner = GuestRunner(make_engine(memory), cache, None, 5)
+    runner = GuestRunner(make_engine(memory), cache, None, 5, memory)
     yield Guests(runner, memory, cache, {k: compile_artifact(cache, v) for k, v in binaries.items()})
     runner.discard_ready()
 

@@ -54,7 +54,7 @@ def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     cache = ArtifactCache(Path(tmp_path_factory.mktemp("runner")))
     memory = GuestMemory() if request.param == "the worker's memory" else None
     sha = compile_artifact(cache, bytes(wasmtime.wat2wasm(_WRITER)))
-    yield GuestRunner(make_engine(memory), cache, None, 5), sha
+    yield GuestRunner(make_engine(memory), cache, None, 5, memory), sha
 
 
 def _run(runner: tuple[GuestRunner, str], stdin: bytes, stdout_limit: int = 1 << 20, stderr_limit: int = 1 << 16) -> RunResult:
@@ -112,7 +112,7 @@ def huge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GuestRunner
     cache = ArtifactCache(Path(tmp_path_factory.mktemp("huge")))
     memory = GuestMemory()
     sha = compile_artifact(cache, bytes(wasmtime.wat2wasm(_HUGE)))
-    yield GuestRunner(make_engine(memory), cache, None, 5), sha
+    yield GuestRunner(make_engine(memory), cache, None, 5, memory), sha
     del memory  # lives as long as the engine that uses it
 
 
@@ -193,7 +193,7 @@ def test_pointers_are_unsigned_and_none_reaches_below_the_guests_memory(memory: 
     cache = ArtifactCache(tmp_path)
     # held here: the engine holds only the callbacks of its memory creator, which must outlive it
     creator = GuestMemory() if memory == "the worker's memory" else None
-    runner = GuestRunner(make_engine(creator), cache, None, 5)
+    runner = GuestRunner(make_engine(creator), cache, None, 5, creator)
     sha = compile_artifact(cache, bytes(wasmtime.wat2wasm(_POINTERS)))
     for which, errno in ((b"1", 21), (b"2", 21), (b"3", 21), (b"4", 28)):  # EFAULT, or EINVAL for the count
         res = runner.run(Run("inv", "f", sha, {}, 10_000, 1 << 20, 1 << 20, 1 << 16), which)

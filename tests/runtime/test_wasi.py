@@ -30,7 +30,7 @@ def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         "hello": compile_artifact(cache, c_guest("hello.c")),
     }
     memory = GuestMemory()  # its callbacks must outlive the engine: this frame holds it meanwhile
-    yield GuestRunner(make_engine(memory), cache, None, 5), shas, request.param == "built ahead"
+    yield GuestRunner(make_engine(memory), cache, None, 5, memory), shas, request.param == "built ahead"
 
 
 def _run(runner: Guests, guest: str, stdin: bytes, env: dict[str, str] | None = None, name: str = "") -> RunResult:
