@@ -9,8 +9,8 @@ On a GPU host the node's guest run of an echo call is about three times the dev 
 - run: the worker's whole run of the call (`GuestRunner.run`: the host ABI's begin and end,
   the output sinks, the Store, WASI, the instance from a cached InstancePre, `_start`);
 - end of call: the backend's part of that end (on CUDA, a stream synchronize);
-- after: what the worker does after the reply, off the caller's path: the guest memory made
-  clean and the next call's instance built ahead;
+- after: what the worker does after the reply, off the caller's path: the call's store closed,
+  the guest memory made clean and the next call's instance built ahead;
 - VMA: the page-protection work of one memory's life alone (mprotect, a touch, madvise, mprotect).
 """
 
@@ -138,7 +138,9 @@ class EchoGuest:
         return bytes(res.stdout)
 
     def after(self) -> None:
-        """What a worker does after each reply: the memory made clean, the next instance built."""
+        """What a worker does after each reply: the call's store closed, the memory made clean,
+        the next instance built."""
+        self.runner.finish()
         self.memory.scrub()
         self.runner.prepare(self.req)
 
@@ -202,7 +204,7 @@ def _report(results: dict[str, dict[str, float]]) -> None:
         "bare": "bare wasmtime-py: instantiate + _start",
         "run": "worker's run of the call",
         "end_of_call": "  of which the backend's end of call",
-        "after": "after the reply: scrub, next instance",
+        "after": "after the reply: store, scrub, next instance",
         "vma": "VMA work of one memory's life alone",
     }
     for key in FIGURES:

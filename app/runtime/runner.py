@@ -39,10 +39,12 @@ from app.runtime.linking import (
     SLOTS_BY_ADDRESS,
     call_export,
     caller_pointer,
+    context_address,
     define_raw,
     export_func,
     guest_memory_at,
     instance_memory,
+    set_epoch_deadline,
     string_at,
     trap_with,
 )
@@ -162,6 +164,7 @@ class _Ready:
     instance: wasmtime.Instance
     start: Any  # its raw `_start` handle (linking.export_func)
     region: Region | None  # its exported memory, where it is one of the worker's regions
+    context: int  # its store's context, by address
 
 
 # instantiating checks the epoch (while it writes data segments): a deadline it never reaches
@@ -283,6 +286,7 @@ class GuestRunner:
         self._runs = 0
         self._wasi = WasiContexts()
         self._ready: _Ready | None = None
+        self._spent: wasmtime.Store | None = None  # the last call's store, closed after its reply (`finish`)
 
     # -- module cache -------------------------------------------------------------------------
     def _instance_pre(self, sha256: str) -> wasmtime.InstancePre:
@@ -306,6 +310,7 @@ class GuestRunner:
         the reply and the memory scrub), if its module is loaded already and has no start
         function. A failure (the module needs more memory than the limit) leaves it to the call,
         which reports it."""
+        self.finish()
         self.discard_ready()
         loaded = self._pres.get(req.sha256)
         if loaded is None or not loaded[1]:
@@ -322,7 +327,14 @@ class GuestRunner:
             return
         base = instance_memory(store, instance) if self.memory is not None else None
         region = self.memory.live_region(base) if self.memory is not None and base is not None else None
-        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, instance, start, region)
+        self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, instance, start, region, context_address(store))
+
+    def finish(self) -> None:
+        """After a call's reply: its store closed, which gives its linear memory back to the
+        worker's pool for the scrub (a call that finds it still open closes it first)."""
+        spent, self._spent = self._spent, None
+        if spent is not None:
+            spent.close()
 
     def discard_ready(self) -> None:
         """Drop the instance built ahead, giving its linear memory back to the worker's pool."""
@@ -387,6 +399,7 @@ class GuestRunner:
             self._execute(pre, req, b"", result)
         finally:
             self._ticker.end()
+            self.finish()
         if result.status != RunStatus.OK:
             raise RuntimeError(f"the worker's warm-up guest failed: {result.error}")
 
@@ -438,22 +451,24 @@ class GuestRunner:
         return result
 
     def _execute(self, pre: wasmtime.InstancePre, req: Run, stdin: bytes, result: RunResult) -> None:
+        self.finish()  # its memory goes back first: this call's instance may take it
         ready, self._ready = self._ready, None
         if ready is not None and ready.key != (req.sha256, req.wasm_memory_bytes):
             ready.store.close()  # first: its memory goes back for this call's instance
             ready = None
         self._ticker.ticks = ticks = max(1, -(-req.timeout_ms // self.tick_ms)) + 1
         if ready is not None:
-            store = ready.store
+            store, context = ready.store, ready.context
         else:
             store = wasmtime.Store(self.engine)
             store.set_limits(memory_size=req.wasm_memory_bytes)
+            context = context_address(store)
         try:
             root = self._files.open(req)
             # WASI is read from the store at each WASI call; a start function runs under it at
             # instantiation (a module with one never has an instance built ahead)
-            self._wasi.set(store, req.function, req.args, req.env, stdin, root)
-            store.set_epoch_deadline(ticks)
+            self._wasi.set(context, req.function, req.args, req.env, stdin, root)
+            set_epoch_deadline(context, ticks)
             if ready is not None:
                 instance, start = ready.instance, ready.start
                 self._region = ready.region
@@ -490,7 +505,8 @@ class GuestRunner:
         finally:
             self._region = None  # released with the store
             self._files.close()  # a scratch copy goes with its call
-            store.close()  # now, not when collected: its memory is scrubbed after the reply
+            # closed after the reply (`finish`), not when collected: its memory is scrubbed then
+            self._spent = store
         if result.exit_code is None and result.status == RunStatus.OK:
             result.exit_code = 0
 

@@ -64,7 +64,7 @@ class WasiContexts:
         return arrays
 
     def set(
-        self, store: wasmtime.Store, argv0: str, args: list[str], env: dict[str, str], stdin: bytes,
+        self, context: int, argv0: str, args: list[str], env: dict[str, str], stdin: bytes,
         root: tuple[str, bool] | None = None,
     ) -> None:
         """argv `[argv0, *args]`, `env`, and `stdin` as bytes the guest reads from memory (empty:
@@ -91,6 +91,6 @@ class WasiContexts:
         except BaseException:
             _config_delete(config)
             raise
-        err = _set_wasi(store._context(), config)  # takes the config over, even on error
+        err = _set_wasi(context, config)  # takes the config over, even on error
         if err:
             raise wasmtime.WasmtimeError._from_ptr(ctypes.cast(err, ctypes.POINTER(ffi.wasmtime_error_t)))

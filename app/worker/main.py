@@ -277,8 +277,9 @@ class _Worker:
         self.stats.set("last_done", mark)
         self.stats.set("running", 0)
         self.stats.set("last_used_ms", int(time.monotonic() * 1000))
-        # after the reply, off the caller's path: scrub the guest's memory, build the next
-        # call's instance (app/runtime/runner.py), publish counters
+        # after the reply, off the caller's path: close the call's store, scrub the guest's
+        # memory, build the next call's instance (app/runtime/runner.py), publish counters
+        self.runner.finish()
         self.memory.scrub()
         self.runner.prepare(msg)
         self.invocations += 1

@@ -57,6 +57,7 @@ def guests(tmp_path: Path, memory: GuestMemory) -> Iterator[Guests]:
     }
     runner = GuestRunner(make_engine(memory), cache, None, 5, memory)
     yield Guests(runner, memory, cache, {k: compile_artifact(cache, v) for k, v in binaries.items()})
+    runner.finish()
     runner.discard_ready()
 
 
@@ -135,3 +136,19 @@ def test_a_trap_on_a_ready_instance_is_reported_and_the_next_call_is_clean(guest
     guests.ahead("counter")
     res = r.run(guests.req("counter"), b"")
     assert res.status == "ok" and bytes(res.stdout) == b"1"
+
+
+def test_a_calls_store_closes_after_its_reply_and_one_memory_serves_every_call(guests: Guests) -> None:
+    r, memory = guests.runner, guests.memory
+    req = guests.req("counter")
+    first = r.run(req, b"")
+    assert first.status == "ok"
+    live = [region for region in memory._regions.values() if region.live]
+    assert len(live) == 1  # the call's store stays open until `finish`: its memory is not scrubbed yet
+    r.finish()
+    assert not any(region.live for region in memory._regions.values())
+    regions = len(memory._regions)
+    for _ in range(5):  # without `finish`, the next call closes the last store first and reuses its memory
+        assert r.run(req, b"").status == "ok"
+    r.finish()
+    assert len(memory._regions) == regions

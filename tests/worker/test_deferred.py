@@ -116,7 +116,7 @@ def test_a_worker_that_warmed_as_a_spare_does_not_warm_again_at_its_bind() -> No
 def test_a_call_that_used_the_deferred_set_up_is_noted_on_the_page_once() -> None:
     worker = _worker(lambda: None)
     result = SimpleNamespace(status="ok", stdout=bytearray(b"out"), stderr=b"", exit_code=0, error=None, duration_ms=1.0, host={}, spans=None)
-    worker.runner = SimpleNamespace(run=lambda *_a: result, prepare=lambda _msg: None)
+    worker.runner = SimpleNamespace(run=lambda *_a: result, finish=lambda: None, prepare=lambda _msg: None)
     worker.memory = SimpleNamespace(scrub=lambda: None)
     run = main.Run("inv-1", "f", "0" * 64, {}, 1000, 1 << 20, 1 << 20, 1 << 10)
     worker.run(run, b"", io.BytesIO())
