@@ -31,7 +31,7 @@ from app.gpu.signatures import (
     Tag,
 )
 from app.kernels.std_numpy import STD
-from app.runtime.linking import caller_pointer, guest_memory, string_at
+from app.runtime.linking import guest_memory_at, string_at
 from app.runtime.memory import GuestMemory
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class AbiHost:
         that memory is one of the worker's reused regions, later calls of this instance read
         the region instead."""
         try:
-            base, size = guest_memory(caller_pointer(caller_ptr))
+            base, size = guest_memory_at(caller_ptr)
         except wasmtime.WasmtimeError:
             raise AbiFailure(Code.INVALID_POINTER, f"{fn}: the module exports no memory") from None
         if inst is not None and self.guest_memory is not None:

@@ -84,14 +84,9 @@ def trap_with(exc: BaseException) -> int:
 
 
 def guest_memory(caller: Any) -> tuple[int, int]:
-    """Inside a raw callback: the calling guest's exported `memory` (every deployed module has
-    one), where it starts now and its size in bytes."""
-    item = ffi.wasmtime_extern_t()
-    if not ffi.wasmtime_caller_export_get(caller, b"memory", 6, ctypes.byref(item)) or item.kind != _MEMORY:
-        raise wasmtime.WasmtimeError("the module exports no memory `memory`")
-    ctx = ffi.wasmtime_caller_context(caller)
-    memory = ctypes.byref(item.of.memory)
-    return _memory_data(ctx, memory) or 0, ffi.wasmtime_memory_data_size(ctx, memory)
+    """Inside a raw callback given its caller as a pointer (wasmtime's own callback type): the
+    calling guest's exported `memory`, as `guest_memory_at`."""
+    return guest_memory_at(ctypes.addressof(caller.contents))
 
 
 class _Export(threading.local):
@@ -120,8 +115,9 @@ def set_epoch_deadline(context: int, ticks: int) -> None:
 
 
 def guest_memory_at(caller: int) -> tuple[int, int]:
-    """`guest_memory` for a caller given by its address (a callback of type SLOTS_BY_ADDRESS):
-    ~1 us where the typed bindings take ~5 (the echo guest's one write per call)."""
+    """Inside a raw callback, its caller given by address (SLOTS_BY_ADDRESS): the calling
+    guest's exported `memory` (every deployed module has one), where it starts now and its size
+    in bytes. ~1 us where wasmtime-py's typed bindings take ~5."""
     slot = _export
     if not _caller_export_get(caller, b"memory", 6, slot.at) or slot.item.kind != _MEMORY:
         raise wasmtime.WasmtimeError("the module exports no memory `memory`")
@@ -135,7 +131,7 @@ def instance_memory(store: wasmtime.Store, instance: wasmtime.Instance) -> int |
     found = ffi.wasmtime_instance_export_get(store._context(), ctypes.byref(instance._instance), b"memory", 6, ctypes.byref(slot.item))
     if not found or slot.item.kind != _MEMORY:
         return None
-    return _memory_data(ctypes.addressof(store._context().contents), slot.memory_at) or 0
+    return _memory_data(context_address(store), slot.memory_at) or 0
 
 
 def export_func(store: wasmtime.Store, instance: wasmtime.Instance, name: bytes) -> Any:
