@@ -20,7 +20,7 @@ import wasmtime
 from app.gpu.backend import Backend, BackendError
 from app.gpu.handles import AbiFailure, Buffer, FunctionRef, Instance, ModuleRef, get_handle
 from app.gpu.launch_args import buffer_handles, check_dims, check_std, parse_args, typed
-from app.gpu.linking import CallerPtr, define_unchecked
+from app.gpu.linking import CallerPtr, RawHost, Slots, define_unchecked
 from app.gpu.share import ContextShare
 from app.gpu.signatures import (
     IMPORT_MODULE,
@@ -108,38 +108,48 @@ class AbiHost:
     def define(self, linker: wasmtime.Linker) -> None:
         """Register every ABI function, through `_wrap`, as a raw host function (app/gpu/linking.py)."""
         self._keepalive: list[Any] = []
-        impls = {name: self._wrap(name, getattr(self, f"_{name}")) for name in SIGNATURES}
-        define_unchecked(linker, IMPORT_MODULE, SIGNATURES, impls, self._keepalive)
+        callbacks = {name: self._wrap(name, getattr(self, f"_{name}")) for name in SIGNATURES}
+        define_unchecked(linker, IMPORT_MODULE, SIGNATURES, callbacks, self._keepalive)
 
-    def _wrap(self, name: str, impl: Callable[..., int]) -> Callable[..., int]:
-        """One layer around every ABI function: the instance, the poisoned-context guard, error
+    def _wrap(self, name: str, impl: Callable[..., int]) -> RawHost:
+        """Every ABI function as its raw callback, in one frame around `impl` (app/gpu/linking.py):
+        its parameters from the value slots, the instance, the poisoned-context guard, error
         mapping (a host failure never traps the guest) and, while traced, the span timing."""
         always = name in ("last_error", "device_count", "device_info")
+        params, results = SIGNATURES[name]
+        slots_of = Slots(params, results[0])
+        unpack, size, out = slots_of.unpack, slots_of.size, slots_of.result
 
-        def host(caller: CallerPtr, *args: int) -> int:
+        def callback(_env: Any, caller: CallerPtr, slots: int, _nvals: int) -> int:
             inst = self.inst
-            if inst is None:
-                return int(Code.INTERNAL)
             rec = self.spans
             t0 = time.time_ns() if rec is not None else 0
             try:
-                if self.poisoned is not None and not always:
-                    raise AbiFailure(Code.DEVICE_ERROR, f"{name}: {self.poisoned}; this instance should stop")
-                rc = int(impl(caller, inst, *args))
-            except AbiFailure as exc:
-                rc = self._fail(inst, exc.code, exc.message)
-            except BackendError as exc:
-                if exc.code == Code.DEVICE_ERROR:
-                    self.poisoned = exc.message
-                rc = self._fail(inst, exc.code, exc.message)
-            except Exception as exc:
-                log.exception("tensorwasm.%s failed", name)
-                rc = self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
-            if rec is not None:
-                rec.abi_call(name, t0, time.time_ns(), rc < 0)
-            return rc
+                if inst is None:
+                    rc = int(Code.INTERNAL)
+                else:
+                    try:
+                        if self.poisoned is not None and not always:
+                            raise AbiFailure(Code.DEVICE_ERROR, f"{name}: {self.poisoned}; this instance should stop")
+                        rc = int(impl(caller, inst, *unpack(string_at(slots, size))))
+                    except AbiFailure as exc:
+                        rc = self._fail(inst, exc.code, exc.message)
+                    except BackendError as exc:
+                        if exc.code == Code.DEVICE_ERROR:
+                            self.poisoned = exc.message
+                        rc = self._fail(inst, exc.code, exc.message)
+                    except Exception as exc:
+                        log.exception("tensorwasm.%s failed", name)
+                        rc = self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
+                    if rec is not None:
+                        rec.abi_call(name, t0, time.time_ns(), rc < 0)
+            except BaseException:  # never unwinds into wasm
+                log.exception("tensorwasm host call failed")
+                rc = int(Code.INTERNAL)
+            out(slots).value = rc
+            return 0  # no trap
 
-        return host
+        return callback
 
     @staticmethod
     def _fail(inst: Instance, code: Code, message: str) -> int:

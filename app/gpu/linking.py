@@ -22,20 +22,26 @@ CallerPtr: TypeAlias = int
 log = logging.getLogger(__name__)
 
 
+# (env, caller address, value slots' address, slot count) -> 0: a host function of this module,
+# which reads its parameters from the slots and writes its result over the first (never a trap)
+RawHost = Callable[[Any, int, int, int], int]
+
+
 def define_unchecked(
     linker: wasmtime.Linker,
     module_name: str,
     signatures: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]],
-    impls: Mapping[str, Callable[..., int]],
+    callbacks: Mapping[str, RawHost],
     keepalive: list[Any],
 ) -> None:
-    """Define `module_name.name` as `impls[name](caller_ptr, *params)` for every signature.
+    """Define `module_name.name` as `callbacks[name]` (`raw_callback`, or one built from
+    `Slots` as the ABI's are) for every signature.
 
     What the native side holds on to goes into `keepalive`, which must live as long as the linker
     and anything instantiated from it.
     """
     for name, (params, results) in signatures.items():
-        define_raw(linker, module_name, name, params, results, raw_callback(impls[name], params, results[0]), keepalive, SLOTS_BY_ADDRESS)
+        define_raw(linker, module_name, name, params, results, callbacks[name], keepalive, SLOTS_BY_ADDRESS)
 
 
 # each value slot is 16 bytes (wasmtime_val_raw_t); a parameter is the start of its slot
@@ -43,17 +49,26 @@ _SLOT = {"i32": "i12x", "i64": "q8x"}
 _RESULT = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
 
 
-def raw_callback(impl: Callable[..., int], params: tuple[str, ...], result: str) -> Callable[..., int]:
-    """`impl(caller, *params)` as a callback through SLOTS_BY_ADDRESS: the parameters read from
-    the slots in one `struct` step (attribute reads slot by slot cost ~1 us on `launch`'s ten)."""
-    unpack = struct.Struct("<" + "".join(_SLOT[p] for p in params)).unpack
-    size = 16 * len(params)
-    out = _RESULT[result].from_address
+class Slots:
+    """A signature's value slots: its parameters are `unpack(string_at(slots, size))`, one
+    `struct` step (attribute reads slot by slot cost ~1 us on `launch`'s ten), and its result is
+    written through `result(slots).value`."""
+
+    def __init__(self, params: tuple[str, ...], result: str) -> None:
+        self.unpack = struct.Struct("<" + "".join(_SLOT[p] for p in params)).unpack
+        self.size = 16 * len(params)
+        self.result = _RESULT[result].from_address
+
+
+def raw_callback(impl: Callable[..., int], params: tuple[str, ...], result: str) -> RawHost:
+    """`impl(caller, *params)` as a callback through SLOTS_BY_ADDRESS."""
+    slots_of = Slots(params, result)
+    unpack, size, out = slots_of.unpack, slots_of.size, slots_of.result
 
     def callback(_env: Any, caller_ptr: Any, slots: int, _nvals: int) -> int:
         # the raw caller pointer travels down; a wasmtime.Caller is built only where needed
         try:
-            rc = impl(caller_ptr, *unpack(string_at(slots, size))) if size else impl(caller_ptr)
+            rc = impl(caller_ptr, *unpack(string_at(slots, size)))
         except BaseException:  # impl never raises; a failure here must not unwind into wasm
             log.exception("tensorwasm host call failed")
             rc = int(Code.INTERNAL)

@@ -6,7 +6,7 @@ from typing import Any
 
 import wasmtime
 
-from app.gpu.linking import define_unchecked
+from app.gpu.linking import define_unchecked, raw_callback
 from app.gpu.signatures import Code
 
 _GUEST = """
@@ -25,7 +25,8 @@ def _instance(impls: dict[str, Any]) -> tuple[wasmtime.Store, wasmtime.Instance,
     store = wasmtime.Store(engine)
     linker = wasmtime.Linker(engine)
     keepalive: list[Any] = []
-    define_unchecked(linker, "host", _SIGNATURES, impls, keepalive)
+    callbacks = {name: raw_callback(impls[name], params, results[0]) for name, (params, results) in _SIGNATURES.items()}
+    define_unchecked(linker, "host", _SIGNATURES, callbacks, keepalive)
     return store, linker.instantiate(store, wasmtime.Module(engine, _GUEST)), keepalive
 
 
