@@ -101,17 +101,16 @@ class _Export(threading.local):
 _export = _Export()
 
 
-_set_epoch_deadline = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)(("wasmtime_context_set_epoch_deadline", ffi.dll))
+# `Store.set_epoch_deadline(ticks)` for a context given by its address (`context_address`),
+# called as it is: no Python frame of its own on the call path
+set_epoch_deadline: Callable[[int, int], None] = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)(
+    ("wasmtime_context_set_epoch_deadline", ffi.dll)
+)
 
 
 def context_address(store: wasmtime.Store) -> int:
     """The store's context as a bare address, fixed for the store's life."""
     return ctypes.addressof(store._context().contents)
-
-
-def set_epoch_deadline(context: int, ticks: int) -> None:
-    """`Store.set_epoch_deadline` for a context given by its address (`context_address`)."""
-    _set_epoch_deadline(context, ticks)
 
 
 def guest_memory_at(caller: int) -> tuple[int, int]:

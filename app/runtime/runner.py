@@ -325,8 +325,9 @@ class GuestRunner:
         except (wasmtime.WasmtimeError, wasmtime.Trap):
             store.close()
             return
-        base = instance_memory(store, instance) if self.memory is not None else None
-        region = self.memory.live_region(base) if self.memory is not None and base is not None else None
+        region = None  # its memory, read here so the call's writes need not ask wasmtime
+        if self.memory is not None and (base := instance_memory(store, instance)) is not None:
+            region = self.memory.live_region(base)
         self._ready = _Ready((req.sha256, req.wasm_memory_bytes), store, instance, start, region, context_address(store))
 
     def finish(self) -> None:
