@@ -139,9 +139,12 @@ class Settings(BaseSettings):
     # context; with one, the default here, 130 were created and none refused).
     max_contexts_per_device: int = Field(default=0, ge=0)
     # Workers starting at once on this node. The driver creates contexts one after another per
-    # host, but a start is more than its context (fork, imports, the worker's own setup): on a
-    # full H200 8 at once switched tenants at 10.9/s against 9.2/s with 4.
-    max_parallel_starts: int = Field(default=8, ge=1)
+    # host, but a start is more than its context (its fork and setup, ~0.25 s): enough starts
+    # must be under way to keep the driver busy, and no more, since each holds a worker slot
+    # that a tenant's worker could use. On a full H200 (72 workers, 96 tenants) 4, 6 and 8 at
+    # once all switched ~12 tenants a second, and 6 served 8 % more calls than 8
+    # (docs/benchmarks.md); 4 left the driver no slack (a start ~0.34 s, its setup ~0.25).
+    max_parallel_starts: int = Field(default=6, ge=1)
     # With every slot bound, the least recently used idle tenant's worker is retired ahead of need
     # (so a new tenant finds a spare) only once it has been idle this long: a tenant calling now
     # and then, one call at a time, is never idle by that measure, and keeps its warm context.
