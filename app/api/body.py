@@ -24,23 +24,8 @@ async def read_limited(request: Request, limit: int, what: str = "the request bo
     return await collect_body(request.stream(), request.headers.get("content-length"), limit, what, hold)
 
 
-async def receive_chunks(receive: Receive) -> AsyncIterator[bytes]:
-    """A body's chunks straight from the server (what `Request.stream` gives, without a Request)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunk: bytes = message.get("body", b"")
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            return
-
-
-async def collect_body(
-    chunks: AsyncIterator[bytes], declared: str | None, limit: int, what: str = "the request body", hold: BodyHold | None = None,
-) -> bytes:
-    """`read_limited` over a body's chunks and its declared Content-Length."""
+def _check_declared(declared: str | None, limit: int, what: str, hold: BodyHold | None) -> None:
+    """A declared Content-Length: refused past the limit before a byte is read, else held."""
     if declared is not None:
         try:
             size = int(declared)
@@ -50,6 +35,46 @@ async def collect_body(
             raise _too_large(limit, what)  # refuse before reading a byte
         if hold is not None and size > 0:
             hold.grow(size)
+
+
+async def collect_received(
+    receive: Receive, declared: str | None, limit: int, what: str = "the request body", hold: BodyHold | None = None,
+) -> bytes:
+    """`collect_body` straight from the server's `receive`, for the invoke path: no async
+    generator between them, and a body that came in one message is returned as it came, not
+    copied (a few µs of a front's CPU a call)."""
+    _check_declared(declared, limit, what, hold)
+    first: bytes | None = None
+    buf: bytearray | None = None
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            if first is None and buf is None:
+                first = chunk
+            else:
+                if buf is None:
+                    buf, first = bytearray(first or b""), None
+                buf += chunk
+            size = len(buf) if buf is not None else len(chunk)
+            if size > limit:
+                raise _too_large(limit, what)
+            if hold is not None and size > hold.bytes:
+                hold.grow(size - hold.bytes)
+        if not message.get("more_body", False):
+            break
+    if buf is not None:
+        return bytes(buf)
+    return first if first is not None else b""
+
+
+async def collect_body(
+    chunks: AsyncIterator[bytes], declared: str | None, limit: int, what: str = "the request body", hold: BodyHold | None = None,
+) -> bytes:
+    """`read_limited` over a body's chunks and its declared Content-Length."""
+    _check_declared(declared, limit, what, hold)
     buf = bytearray()
     async for chunk in chunks:
         buf += chunk

@@ -17,7 +17,7 @@ from fastapi import Response
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from app.api.body import collect_body, receive_chunks
+from app.api.body import collect_received
 from app.api.call_args import HEADER as ARGS_HEADER
 from app.api.call_args import VERSION_HEADER, parse_args, parse_version
 from app.api.edge import ON_CLIENT_GONE, RESPOND_NOW
@@ -72,7 +72,7 @@ async def run_call(platform: Platform, tenant: Principal, head: CallHead, scope:
     before the answer (recorded `client_closed`)."""
     t = clock()
     with platform.bodies.hold(tenant.id) as hold:
-        body = await collect_body(receive_chunks(receive), head.content_length, platform.settings.max_request_bytes, hold=hold)
+        body = await collect_received(receive, head.content_length, platform.settings.max_request_bytes, hold=hold)
         # a larger body's transfer may have been waited for: the phases time CPU
         t = lap(BODY, t) if len(body) <= WHOLE_BYTES else clock()
         call = asyncio.current_task()

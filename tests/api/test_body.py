@@ -52,3 +52,41 @@ async def test_a_tenants_bodies_in_flight_are_bounded(app_factory: Callable[...,
         assert platform.bodies.held(tid_a) == 0
         r = await client.post("/v1/functions/echo/invoke", content=b"z" * 200, headers=a)
         assert r.status_code == 200 and r.content == b"z" * 200
+
+
+def _receiver(*messages: dict[str, Any]) -> Callable[[], Any]:
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+
+    return receive
+
+
+async def test_a_body_read_from_the_servers_messages() -> None:
+    import pytest
+    from starlette.requests import ClientDisconnect
+
+    from app.api.body import collect_received
+    from app.api.errors import ApiError
+    from app.services.body_budget import BodyBudget
+
+    whole = b"x" * 100
+    got = await collect_received(_receiver({"type": "http.request", "body": whole, "more_body": False}), "100", 1000)
+    assert got is whole  # one message: returned as it came, not copied
+    assert await collect_received(_receiver({"type": "http.request", "body": b"", "more_body": False}), None, 1000) == b""
+
+    parts = [{"type": "http.request", "body": p, "more_body": True} for p in (b"ab", b"", b"cd")]
+    budget = BodyBudget(10_000)
+    with budget.hold("t") as hold:
+        got = await collect_received(_receiver(*parts, {"type": "http.request", "body": b"ef", "more_body": False}), None, 1000, hold=hold)
+        assert got == b"abcdef" and budget.held("t") == 6  # no declared length: held as it arrived
+
+    with pytest.raises(ApiError) as refused:  # passed the limit in its third chunk
+        await collect_received(_receiver(*parts[:2], {"type": "http.request", "body": b"x" * 9, "more_body": True}), None, 10)
+    assert refused.value.status == 413
+    with pytest.raises(ApiError) as refused:  # declared past it: refused before a byte is read
+        await collect_received(_receiver(), "11", 10)
+    assert refused.value.status == 413
+    with pytest.raises(ClientDisconnect):
+        await collect_received(_receiver(parts[0], {"type": "http.disconnect"}), None, 1000)
