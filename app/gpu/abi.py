@@ -31,7 +31,7 @@ from app.gpu.signatures import (
     Tag,
 )
 from app.kernels.std_numpy import STD
-from app.runtime.linking import guest_memory_at, string_at
+from app.runtime.linking import ADDRESS_SPACE, guest_memory_at
 from app.runtime.memory import GuestMemory
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class AbiHost:
         always = name in ("last_error", "device_count", "device_info")
         params, results = SIGNATURES[name]
         slots_of = Slots(params, results[0])
-        unpack, size, out = slots_of.unpack, slots_of.size, slots_of.result
+        unpack, out, memory = slots_of.unpack, slots_of.result, ADDRESS_SPACE
 
         def callback(_env: Any, caller: CallerPtr, slots: int, _nvals: int) -> int:
             inst = self.inst
@@ -131,7 +131,7 @@ class AbiHost:
                     try:
                         if self.poisoned is not None and not always:
                             raise AbiFailure(Code.DEVICE_ERROR, f"{name}: {self.poisoned}; this instance should stop")
-                        rc = int(impl(caller, inst, *unpack(string_at(slots, size))))
+                        rc = int(impl(caller, inst, *unpack(memory, slots)))
                     except AbiFailure as exc:
                         rc = self._fail(inst, exc.code, exc.message)
                     except BackendError as exc:
@@ -146,7 +146,7 @@ class AbiHost:
             except BaseException:  # never unwinds into wasm
                 log.exception("tensorwasm host call failed")
                 rc = int(Code.INTERNAL)
-            out(slots).value = rc
+            out(memory, slots, rc)
             return 0  # no trap
 
         return callback
@@ -343,7 +343,8 @@ class AbiHost:
             raise AbiFailure(Code.INVALID_ARGUMENT, f"launch: argument records must be 0..{MAX_ARG_BYTES} bytes, got {args_len}")
         region = inst.region
         if region is not None and (args & 0xFFFFFFFF) + args_len <= region.size:
-            raw = string_at(region.base + (args & 0xFFFFFFFF), args_len)
+            at = region.base + (args & 0xFFFFFFFF)
+            raw = bytes(ADDRESS_SPACE[at : at + args_len])
         else:
             raw = self._read_guest(caller, "launch", args, args_len)
         key = (ref, gx, gy, gz, bx, by, bz, shared, raw)

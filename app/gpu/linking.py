@@ -4,7 +4,6 @@ answers a status code; it never traps."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import struct
 from collections.abc import Callable, Mapping
@@ -13,7 +12,7 @@ from typing import Any, TypeAlias
 import wasmtime
 
 from app.gpu.signatures import Code
-from app.runtime.linking import SLOTS_BY_ADDRESS, define_raw, string_at
+from app.runtime.linking import ADDRESS_SPACE, SLOTS_BY_ADDRESS, define_raw
 
 # What wasmtime hands a host function: the address of its caller, valid only during that call
 # (app/runtime/linking.py `caller_pointer`, then wasmtime.Caller, where one is needed).
@@ -46,33 +45,33 @@ def define_unchecked(
 
 # each value slot is 16 bytes (wasmtime_val_raw_t); a parameter is the start of its slot
 _SLOT = {"i32": "i12x", "i64": "q8x"}
-_RESULT = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
+_RESULT = {"i32": "<i", "i64": "<q"}
 
 
 class Slots:
-    """A signature's value slots: its parameters are `unpack(string_at(slots, size))`, one
-    `struct` step (attribute reads slot by slot cost ~1 us on `launch`'s ten), and its result is
-    written through `result(slots).value`."""
+    """A signature's value slots, read and written in the process's memory (ADDRESS_SPACE): its
+    parameters are `unpack(ADDRESS_SPACE, slots)`, one `struct` step (attribute reads slot by slot
+    cost ~1 us on `launch`'s ten), and its result is `result(ADDRESS_SPACE, slots, value)`, over
+    the first slot."""
 
     def __init__(self, params: tuple[str, ...], result: str) -> None:
-        self.unpack = struct.Struct("<" + "".join(_SLOT[p] for p in params)).unpack
-        self.size = 16 * len(params)
-        self.result = _RESULT[result].from_address
+        self.unpack = struct.Struct("<" + "".join(_SLOT[p] for p in params)).unpack_from
+        self.result = struct.Struct(_RESULT[result]).pack_into
 
 
 def raw_callback(impl: Callable[..., int], params: tuple[str, ...], result: str) -> RawHost:
     """`impl(caller, *params)` as a callback through SLOTS_BY_ADDRESS."""
     slots_of = Slots(params, result)
-    unpack, size, out = slots_of.unpack, slots_of.size, slots_of.result
+    unpack, out, memory = slots_of.unpack, slots_of.result, ADDRESS_SPACE
 
     def callback(_env: Any, caller_ptr: Any, slots: int, _nvals: int) -> int:
         # the raw caller pointer travels down; a wasmtime.Caller is built only where needed
         try:
-            rc = impl(caller_ptr, *unpack(string_at(slots, size)))
+            rc = impl(caller_ptr, *unpack(memory, slots))
         except BaseException:  # impl never raises; a failure here must not unwind into wasm
             log.exception("tensorwasm host call failed")
             rc = int(Code.INTERNAL)
-        out(slots).value = rc
+        out(memory, slots, rc)
         return 0  # no trap
 
     return callback

@@ -9,6 +9,7 @@ call's ~25 us in the guest). Types are still checked once, at link time.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,14 @@ _func_call = _bindings._wasmtime_func_call  # wasmtime_func_call without its wra
 
 # ctypes.string_at without its Python frame (the same foreign function it calls)
 string_at: Callable[[int, int], bytes] = getattr(ctypes, "_string_at", ctypes.string_at)
+
+# This process's memory as one buffer, so that a host call reads its value slots and a guest's
+# bytes at an address with `struct`'s unpack_from / pack_into or a slice, each one C step: on the
+# dev VM unpacking ten slots took 79 ns this way against 642 through string_at, writing a result
+# 71 against 197 for a c_int32 made at the address, and copying out 26 bytes 280 against 541. It
+# is read and written only where string_at and memmove were before: at the value slots wasmtime
+# hands a host call, and in guest ranges already checked against the guest memory's size.
+ADDRESS_SPACE = memoryview((ctypes.c_char * sys.maxsize).from_address(0)).cast("B")
 
 
 def caller_pointer(address: int) -> Any:

@@ -36,6 +36,7 @@ from app.runtime.artifacts import ArtifactCache, ArtifactUnavailable
 from app.runtime.bundles import BundleStore
 from app.runtime.files import FilesUnavailable, GuestFiles
 from app.runtime.linking import (
+    ADDRESS_SPACE,
     SLOTS_BY_ADDRESS,
     call_export,
     caller_pointer,
@@ -45,7 +46,6 @@ from app.runtime.linking import (
     guest_memory_at,
     instance_memory,
     set_epoch_deadline,
-    string_at,
     trap_with,
 )
 from app.runtime.memory import GuestMemory, Region
@@ -60,11 +60,10 @@ _IOV_MAX = 1024  # as wasi-libc and Linux: a longer iovec table is refused, not 
 _IOVEC = struct.Struct("<II")
 _U32 = struct.Struct("<I")
 _FD_WRITE_PARAMS = struct.Struct("<i12xi12xi12xi")  # four i32 parameters, one per 16-byte value slot
-_I32 = ctypes.c_int32
+_I32 = struct.Struct("<i")
 _VALUES = ctypes.POINTER(ffi.wasmtime_val_raw_t)  # the slots as wasmtime-py's callbacks see them
 _NO_OFFSET = (1 << 64) - 1  # wasmtime's offset of a frame it could not place (usize::MAX)
 _NAME_CHARS = 128  # of a function's name in a trap's message
-_SMALL_WRITE = 64 << 10  # an output write up to this is appended through a bytes copy
 
 
 class OutputLimitExceeded(Exception):
@@ -116,43 +115,25 @@ class _Sink:
         self.sent = 0
 
     def write(self, addr: int, length: int) -> None:
-        """Take the `length` bytes at `addr` (guest memory)."""
+        """Take the `length` bytes at `addr` (guest memory), copied once, straight from it."""
         if self.tail_only:
             if length >= self.limit:  # this write alone fills the tail: read only its end
-                self.buf = bytearray()
-                _append(self.buf, addr + length - self.limit, self.limit)
+                start = addr + length - self.limit
+                self.buf = bytearray(ADDRESS_SPACE[start : start + self.limit])
             else:
-                _append(self.buf, addr, length)
+                self.buf += ADDRESS_SPACE[addr : addr + length]
                 if len(self.buf) > self.limit:
                     del self.buf[: len(self.buf) - self.limit]
             return
         take = min(length, self.limit - self.sent)
         if take > 0:
             if self.emit is not None:  # streamed: each write leaves at once, only its size is kept
-                self.emit(string_at(addr, take))
-            elif take <= _SMALL_WRITE:  # one short-lived copy: cheaper than resizing in place
-                self.buf += string_at(addr, take)
+                self.emit(bytes(ADDRESS_SPACE[addr : addr + take]))
             else:
-                _append(self.buf, addr, take)
+                self.buf += ADDRESS_SPACE[addr : addr + take]
             self.sent += take
         if take < length:  # cut at the limit: what is past it was never read
             raise OutputLimitExceeded(f"stdout exceeded the limit of {self.limit} bytes")
-
-
-_resize = ctypes.pythonapi.PyByteArray_Resize
-_resize.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
-_resize.restype = ctypes.c_int
-
-
-def _append(buf: bytearray, addr: int, length: int) -> None:
-    """Append `length` bytes at `addr` to `buf`, copied once (no bytes object in between, which
-    would hold a second copy of the write)."""
-    if length <= 0:
-        return
-    end = len(buf)
-    if _resize(buf, end + length) != 0:
-        raise MemoryError("no memory for the guest's output")
-    ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(buf, end)), addr, length)
 
 
 @dataclass
@@ -348,10 +329,10 @@ class GuestRunner:
         # caller and value slots as bare addresses (SLOTS_BY_ADDRESS): the four i32 parameters
         # read in one step, the memory found without pointer objects (linking.guest_memory_at)
         try:
-            fd, iovs, iovs_len, nwritten = _FD_WRITE_PARAMS.unpack(string_at(slots, _FD_WRITE_PARAMS.size))
+            fd, iovs, iovs_len, nwritten = _FD_WRITE_PARAMS.unpack_from(ADDRESS_SPACE, slots)
             if fd > 2 and self._files.active:  # one of the function's files
                 return self._files.fd_write(caller_pointer(caller), ctypes.cast(slots, _VALUES), n)
-            _I32.from_address(slots).value = self._fd_write(caller, fd, iovs, iovs_len, nwritten)
+            _I32.pack_into(ADDRESS_SPACE, slots, self._fd_write(caller, fd, iovs, iovs_len, nwritten))
         except BaseException as exc:  # a cap crossed: the guest stops, `_start` raises `exc`
             return trap_with(exc)
         return 0
@@ -378,13 +359,14 @@ class GuestRunner:
         if iovs + 8 * iovs_len > size or nwritten + 4 > size:
             return _EFAULT
         total = 0
-        for ptr, length in _IOVEC.iter_unpack(ctypes.string_at(base + iovs, 8 * iovs_len)):
+        at = base + iovs
+        for ptr, length in _IOVEC.iter_unpack(ADDRESS_SPACE[at : at + 8 * iovs_len]):
             if ptr + length > size:
                 return _EFAULT
             if length:
                 sink.write(base + ptr, length)
                 total += length
-        ctypes.memmove(base + nwritten, _U32.pack(min(total, 0xFFFFFFFF)), 4)
+        _U32.pack_into(ADDRESS_SPACE, base + nwritten, min(total, 0xFFFFFFFF))
         return 0
 
     def warm_up(self) -> None:
