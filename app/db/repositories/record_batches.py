@@ -84,7 +84,7 @@ def record_batch(rows: Iterable[dict[str, Any]], dialect: Dialect) -> RecordBatc
         given = names[: len(convert)]
         # the given values in one step, then only the columns that need it converted: a call
         # per column per row cost the front ~10 µs a row on the 2-core VM
-        take = itemgetter(*given) if len(given) > 1 else (lambda row, n=given[0]: (row[n],))
+        take = itemgetter(*given) if len(given) > 1 else (lambda row, names=tuple(given): tuple(row[n] for n in names))
         converted = [(i, c) for i, c in enumerate(convert) if c is not _as_is]
         fill = tuple(defaults)
         values = []
