@@ -230,9 +230,11 @@ def bench_gpu(args: argparse.Namespace) -> int:
     for name, value, target, ok in rows:
         print(f"{name:42} {value:8.2f}  {target:9} {'yes' if ok(value) else 'NO'}")
     if "abi_launch_host_us" in res and "prepared_launch_us" in res:
+        rest = res["guest_launch_us"] - res["abi_launch_host_us"] - res["prepared_launch_us"]
         print(
             f"\nguest launch {res['guest_launch_us']:.2f} us: the ABI's host path {res['abi_launch_host_us']:.2f} us "
-            f"(no kernel) + the prepared cuLaunchKernel {res['prepared_launch_us']:.2f} us; raw CuPy {raw_launch:.2f} us"
+            f"(no kernel) + the prepared cuLaunchKernel {res['prepared_launch_us']:.2f} us + {rest:.2f} us outside both "
+            f"(each part is timed alone, its code and data hot; in the guest they run in turn); raw CuPy {raw_launch:.2f} us"
         )
     if parts:
         print(f"\n{'4 MiB path step (us)':24} {'backend':>9} {'raw CuPy':>9}")
