@@ -37,6 +37,14 @@ def _check_declared(declared: str | None, limit: int, what: str, hold: BodyHold 
             hold.grow(size)
 
 
+def _count(size: int, limit: int, what: str, hold: BodyHold | None) -> None:
+    """A body `size` bytes long so far: refused past the limit, else held as far as it came."""
+    if size > limit:
+        raise _too_large(limit, what)
+    if hold is not None and size > hold.bytes:
+        hold.grow(size - hold.bytes)
+
+
 async def collect_received(
     receive: Receive, declared: str | None, limit: int, what: str = "the request body", hold: BodyHold | None = None,
 ) -> bytes:
@@ -44,30 +52,22 @@ async def collect_received(
     generator between them, and a body that came in one message is returned as it came, not
     copied (a few µs of a front's CPU a call)."""
     _check_declared(declared, limit, what, hold)
-    first: bytes | None = None
-    buf: bytearray | None = None
+    body: bytes | bytearray = b""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
         chunk: bytes = message.get("body", b"")
         if chunk:
-            if first is None and buf is None:
-                first = chunk
+            if not body:
+                body = chunk
             else:
-                if buf is None:
-                    buf, first = bytearray(first or b""), None
-                buf += chunk
-            size = len(buf) if buf is not None else len(chunk)
-            if size > limit:
-                raise _too_large(limit, what)
-            if hold is not None and size > hold.bytes:
-                hold.grow(size - hold.bytes)
+                if isinstance(body, bytes):
+                    body = bytearray(body)
+                body += chunk
+            _count(len(body), limit, what, hold)
         if not message.get("more_body", False):
-            break
-    if buf is not None:
-        return bytes(buf)
-    return first if first is not None else b""
+            return bytes(body) if isinstance(body, bytearray) else body
 
 
 async def collect_body(
@@ -78,10 +78,7 @@ async def collect_body(
     buf = bytearray()
     async for chunk in chunks:
         buf += chunk
-        if len(buf) > limit:
-            raise _too_large(limit, what)
-        if hold is not None and len(buf) > hold.bytes:
-            hold.grow(len(buf) - hold.bytes)
+        _count(len(buf), limit, what, hold)
     return bytes(buf)
 
 

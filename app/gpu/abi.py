@@ -190,7 +190,8 @@ class AbiHost:
         return base, size
 
     def _read_guest(self, caller: CallerPtr, fn: str, ptr: int, length: int) -> bytes:
-        return ctypes.string_at(self._mem(caller, fn, ptr, length), length)
+        at = self._mem(caller, fn, ptr, length)
+        return bytes(ADDRESS_SPACE[at : at + length])
 
     def _write_out(self, caller: CallerPtr, fn: str, dst: int, dst_len: int, data: bytes) -> int:
         if dst_len < 0:

@@ -23,7 +23,7 @@ from wasmtime import _ffi as ffi  # wasmtime is pinned to one major version
 
 from app.contract.messages import Run
 from app.runtime.bundles import ENTRY_BYTES, BundleStore, ScratchDir, scratch_root, usage
-from app.runtime.linking import define_raw, export_func, guest_memory, trap_with
+from app.runtime.linking import ADDRESS_SPACE, define_raw, export_func, guest_memory, trap_with
 
 WASI = "wasi_snapshot_preview1"
 _EBADF, _ENOSPC = 8, 51
@@ -164,7 +164,8 @@ def _iov_bytes(caller: Any, iovs: int, count: int) -> int:
     base, size = guest_memory(caller)
     if count > 1024 or iovs + 8 * count > size:
         return 0
-    return sum(length for _, length in _IOVEC.iter_unpack(ctypes.string_at(base + iovs, 8 * count)))
+    at = base + iovs
+    return sum(length for _, length in _IOVEC.iter_unpack(ADDRESS_SPACE[at : at + 8 * count]))
 
 
 _NEEDS: dict[str, Callable[[Any, Any], int]] = {

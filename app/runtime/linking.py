@@ -47,12 +47,9 @@ _memory_data_size = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_
 
 _func_call = _bindings._wasmtime_func_call  # wasmtime_func_call without its wrapper's frame
 
-# ctypes.string_at without its Python frame (the same foreign function it calls)
-string_at: Callable[[int, int], bytes] = getattr(ctypes, "_string_at", ctypes.string_at)
-
 # This process's memory as one buffer, so that a host call reads its value slots and a guest's
 # bytes at an address with `struct`'s unpack_from / pack_into or a slice, each one C step: on the
-# dev VM unpacking ten slots took 79 ns this way against 642 through string_at, writing a result
+# dev VM unpacking ten slots took 79 ns this way against 642 through ctypes.string_at, writing a result
 # 71 against 197 for a c_int32 made at the address, and copying out 26 bytes 280 against 541. It
 # is read and written only where string_at and memmove were before: at the value slots wasmtime
 # hands a host call, and in guest ranges already checked against the guest memory's size.
