@@ -62,12 +62,20 @@ async def test_a_tenant_never_runs_more_than_its_concurrency_as_its_guests_count
         _, key = await new_tenant(admin, max_concurrency=2)
         assert (await deploy(admin, key, "span", c_guest("span.c"))).status_code == 201
         assert (await admin.post("/v1/functions/span/invoke", headers=key, content=b"1")).status_code == 200
+
+        async def spare_ready() -> bool:
+            return any(w["state"] == "spare" for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json())
+
+        # the first call took the spare; its replacement comes ready before the burst, so the
+        # tenant's second worker is a bind, not a start racing the calls; each call runs 100 ms, so
+        # the burst lasts long enough for the bind and its routes to reach the fronts on a busy host
+        await until(spare_ready, "a spare for the tenant's second worker")
         spans: list[tuple[int, int]] = []
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(pinned(base, fronts[i % FRONTS], fronts)) for i in range(12)]
 
             async def call(client: Any) -> None:
-                r = await client.post("/v1/functions/span/invoke", headers=key, content=b"40")
+                r = await client.post("/v1/functions/span/invoke", headers=key, content=b"100")
                 assert r.status_code == 200, r.text
                 start, end = map(int, r.text.split())
                 spans.append((start, end))
