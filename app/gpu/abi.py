@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,17 @@ from app.runtime.linking import ADDRESS_SPACE, guest_memory_at
 from app.runtime.memory import GuestMemory
 
 log = logging.getLogger(__name__)
+
+_LAUNCH = (SIGNATURES["launch"][0], SIGNATURES["launch"][1][0])
+
+
+class _RecordReads(dict[int, Callable[[Any, int], tuple[bytes]]]):
+    """Argument records read as bytes by length: a struct `Ns` read is 78 ns where a slice of
+    the address space made into bytes is 195 (dev VM, 22 bytes)."""
+
+    def __missing__(self, n: int) -> Callable[[Any, int], tuple[bytes]]:
+        read = self[n] = struct.Struct(f"{n}s").unpack_from
+        return read
 
 
 class AbiHost:
@@ -109,6 +121,7 @@ class AbiHost:
         """Register every ABI function, through `_wrap`, as a raw host function (app/gpu/linking.py)."""
         self._keepalive: list[Any] = []
         callbacks = {name: self._wrap(name, getattr(self, f"_{name}")) for name in SIGNATURES}
+        callbacks["launch"] = self._repeat_launch(callbacks["launch"])
         define_unchecked(linker, IMPORT_MODULE, SIGNATURES, callbacks, self._keepalive)
 
     def _wrap(self, name: str, impl: Callable[..., int]) -> RawHost:
@@ -132,15 +145,8 @@ class AbiHost:
                         if self.poisoned is not None and not always:
                             raise AbiFailure(Code.DEVICE_ERROR, f"{name}: {self.poisoned}; this instance should stop")
                         rc = int(impl(caller, inst, *unpack(memory, slots)))
-                    except AbiFailure as exc:
-                        rc = self._fail(inst, exc.code, exc.message)
-                    except BackendError as exc:
-                        if exc.code == Code.DEVICE_ERROR:
-                            self.poisoned = exc.message
-                        rc = self._fail(inst, exc.code, exc.message)
                     except Exception as exc:
-                        log.exception("tensorwasm.%s failed", name)
-                        rc = self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
+                        rc = self._failed(inst, name, exc)
                     if rec is not None:
                         rec.abi_call(name, t0, time.time_ns(), rc < 0)
             except BaseException:  # never unwinds into wasm
@@ -150,6 +156,59 @@ class AbiHost:
             return 0  # no trap
 
         return callback
+
+    def _repeat_launch(self, general: RawHost) -> RawHost:
+        """`launch`'s callback: a repeated launch (same kernel handle, shape and argument bytes,
+        every buffer it names the same live buffer) runs its prepared form in this one frame;
+        anything else, or a call while traced or with the context poisoned, goes `general`'s way
+        (`_launch` through `_wrap`). A guest's launch loop spends its host time here: this frame
+        and a struct read of the records took a repeated launch from 1.5 to 1.2 us on the dev VM."""
+        unpack, out, memory = Slots(*_LAUNCH).unpack, Slots(*_LAUNCH).result, ADDRESS_SPACE
+        read = _RecordReads()
+
+        def callback(env: Any, caller: CallerPtr, slots: int, nvals: int) -> int:
+            inst = self.inst
+            if inst is None or self.poisoned is not None or self.spans is not None:
+                return general(env, caller, slots, nvals)
+            fn, gx, gy, gz, bx, by, bz, shared, args, args_len = unpack(memory, slots)
+            region = inst.region
+            if region is None or not 0 <= args_len <= MAX_ARG_BYTES or (args & 0xFFFFFFFF) + args_len > region.size:
+                return general(env, caller, slots, nvals)
+            hit = inst.launch_cache.get((fn, gx, gy, gz, bx, by, bz, shared, read[args_len](memory, region.base + (args & 0xFFFFFFFF))[0]))
+            handles = inst.handles
+            if hit is None or handles.get(fn) is not hit[0]:
+                return general(env, caller, slots, nvals)
+            for h, b in hit[1]:
+                if handles.get(h) is not b:
+                    return general(env, caller, slots, nvals)
+            try:
+                share = self.share
+                if share is not None and (not share.busy or time.monotonic() >= share.next_check):
+                    share.launch()  # may hold the launch while the tenant is above its share
+                hit[2]()
+                inst.launches += 1
+                self.launches_total += 1
+                rc = 0
+            except Exception as exc:
+                rc = self._failed(inst, "launch", exc)
+            except BaseException:  # never unwinds into wasm
+                log.exception("tensorwasm host call failed")
+                rc = int(Code.INTERNAL)
+            out(memory, slots, rc)
+            return 0  # no trap
+
+        return callback
+
+    def _failed(self, inst: Instance, name: str, exc: Exception) -> int:
+        """The code (and last error) an ABI function answers when it raised `exc`."""
+        if isinstance(exc, AbiFailure):
+            return self._fail(inst, exc.code, exc.message)
+        if isinstance(exc, BackendError):
+            if exc.code == Code.DEVICE_ERROR:
+                self.poisoned = exc.message
+            return self._fail(inst, exc.code, exc.message)
+        log.error("tensorwasm.%s failed", name, exc_info=exc)
+        return self._fail(inst, Code.INTERNAL, f"{name}: internal error ({type(exc).__name__})")
 
     @staticmethod
     def _fail(inst: Instance, code: Code, message: str) -> int:
@@ -348,21 +407,24 @@ class AbiHost:
             raw = bytes(ADDRESS_SPACE[at : at + args_len])
         else:
             raw = self._read_guest(caller, "launch", args, args_len)
-        key = (ref, gx, gy, gz, bx, by, bz, shared, raw)
+        key = (fn, gx, gy, gz, bx, by, bz, shared, raw)
         hit = inst.launch_cache.get(key)
         # A repeated launch (same kernel, shape and argument bytes) reuses its validated, prepared
-        # form, provided every buffer it names is still the same live buffer.
+        # form, provided its kernel and every buffer it names are still the same live objects.
         if hit is not None:
             handles = inst.handles
-            for h, b in hit[0]:
-                if handles.get(h) is not b:
-                    hit = None
-                    break
+            if hit[0] is not ref:
+                hit = None
+            else:
+                for h, b in hit[1]:
+                    if handles.get(h) is not b:
+                        hit = None
+                        break
         share = self.share
         if share is not None and (not share.busy or time.monotonic() >= share.next_check):
             share.launch()  # may hold the launch while the tenant is above its share
         if hit is not None:
-            hit[1]()
+            hit[2]()
         else:
             grid, block = (gx, gy, gz), (bx, by, bz)
             check_dims(self.backend.info.limits, grid, block, shared)
@@ -375,7 +437,7 @@ class AbiHost:
             thunk()
             if len(inst.launch_cache) < 256:
                 used = tuple((h, inst.handles[h]) for h in buffer_handles(raw))
-                inst.launch_cache[key] = (used, thunk)
+                inst.launch_cache[key] = (ref, used, thunk)
         inst.launches += 1
         self.launches_total += 1
         return 0

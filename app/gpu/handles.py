@@ -52,8 +52,9 @@ class Instance:
         self.launches = 0
         self.device_error: str | None = None
         self.region: Any = None  # that memory's GuestMemory region, when the worker provides it
-        # prepared launches: (fn, dims, raw args) -> (buffers to revalidate, thunk)
-        self.launch_cache: dict[tuple[Any, ...], tuple[tuple[tuple[int, Any], ...], Callable[[], None]]] = {}
+        # prepared launches: (function handle, dims, raw args) -> (its function, buffers to
+        # revalidate, thunk)
+        self.launch_cache: dict[tuple[Any, ...], tuple[FunctionRef, tuple[tuple[int, Any], ...], Callable[[], None]]] = {}
 
     def add(self, obj: Any) -> int:
         h = self.next_handle

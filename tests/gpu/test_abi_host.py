@@ -15,6 +15,7 @@ from app.gpu.cpu import CpuBackend
 from app.gpu.signatures import Code
 from app.runtime.artifacts import ArtifactCache
 from app.runtime.engine import make_engine
+from app.runtime.memory import GuestMemory
 from app.runtime.runner import GuestRunner
 from tests.gpu.runner import Buf, abi_code, rec_buf, rec_i32, request
 from tests.helpers import compile_artifact
@@ -45,6 +46,10 @@ class FaultyGpu(CpuBackend):
             raise BackendError(Code.DEVICE_ERROR, "launch: CUDA_ERROR_ILLEGAL_ADDRESS")
         if fn == "host_bug":
             raise ZeroDivisionError("oops")
+        if fn == "fails_when_repeated":
+            self.repeats = getattr(self, "repeats", 0) + 1
+            if self.repeats > 1:
+                raise BackendError(Code.LAUNCH_FAILED, "launch: CUDA_ERROR_LAUNCH_TIMEOUT")
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +121,41 @@ def test_a_guest_that_exports_no_memory_gets_invalid_pointer(tmp_path: Path) -> 
     host.bind(1 << 20)
     res = GuestRunner(make_engine(), cache, host, 5).run(Run("inv", "f", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), b"")
     assert res.status.value == "ok", res.error
+
+
+def _worker_like(tmp_path: Path, c_guest) -> tuple[GuestRunner, AbiHost, str, list[int]]:
+    """A runner with the worker's reused guest memory (the repeated-launch path needs its
+    region), and a count of the launches that took the general path."""
+    sha = compile_artifact(ArtifactCache(tmp_path), c_guest("kernel_runner.c"))
+    memory = GuestMemory()
+    host = AbiHost(FaultyGpu(), guest_memory=memory)
+    host.bind(1 << 20)
+    general, launch = [0], host._launch
+
+    def counted(*args: Any) -> int:
+        general[0] += 1
+        return launch(*args)
+
+    host._launch = counted  # type: ignore[method-assign]
+    return GuestRunner(make_engine(memory), ArtifactCache(tmp_path), host, 5, memory), host, sha, general
+
+
+def test_a_repeated_launch_runs_its_prepared_form_without_the_general_path(tmp_path: Path, c_guest) -> None:
+    r, host, sha, general = _worker_like(tmp_path, c_guest)
+    body = request("fine", [Buf(16)], [rec_buf(0), rec_i32(1)], [0], module=b'extern "C" __global__ void k() {}', kind=1, repeat=5)
+    res = r.run(Run("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), body)
+    assert res.status == "ok" and res.host["launches"] == 5
+    assert general == [1]  # the first launch prepared it; the other four repeated it
+    # traced, every launch goes the general way, which times it for the run's spans
+    res = r.run(Run("inv2", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"), body)
+    assert res.status == "ok" and general == [6]
+    launches = [s for s in res.spans or [] if s["name"] == "abi.launch"]
+    assert launches and launches[0]["attributes"]["tensorwasm.abi.calls"] == 5
+
+
+def test_a_repeated_launch_that_fails_answers_its_code(tmp_path: Path, c_guest) -> None:
+    r, host, sha, general = _worker_like(tmp_path, c_guest)
+    body = request("fails_when_repeated", [Buf(16)], [rec_buf(0), rec_i32(1)], [0], module=b'extern "C" __global__ void k() {}', kind=1, repeat=3)
+    res = r.run(Run("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), body)
+    assert res.status == "exit" and abi_code(res.exit_code) == Code.LAUNCH_FAILED
+    assert b"LAUNCH_TIMEOUT" in res.stderr and general == [1] and host.poisoned is None
