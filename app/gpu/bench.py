@@ -2,8 +2,9 @@
 
 Run on a GPU machine. Each guest figure is timed inside the guest (WASI monotonic clock) by
 examples/kernel_runner.c, so HTTP and process hops are excluded; each baseline is the same
-work done directly with CuPy in this process, before the guests and again after them, and the
-guest is judged against the faster of the two.
+work done directly with CuPy in this process. The launch's raw rounds alternate with the guest's
+calls and the medians of both are compared; the other paths' baselines are taken before the
+guests and again after them, and each guest figure is judged against the faster of the two.
 """
 
 from __future__ import annotations
@@ -89,19 +90,20 @@ def bench_gpu(args: argparse.Namespace) -> int:
     n = (4 << 20) // 4
     host = np.random.default_rng().standard_normal(n).astype(np.float32)
 
+    def raw_launch_round_us() -> float:
+        """µs per launch of one round: 1000 launches, then a synchronize."""
+        t0_ns = time.perf_counter_ns()
+        for _ in range(1000):
+            tiny((1,), (256,), (x, np.int32(256)))
+        cp.cuda.Device().synchronize()
+        return (time.perf_counter_ns() - t0_ns) / 1000 / 1e3
+
     def raw_launch_us() -> float:
         """Median µs per launch: 7 rounds of 1000 launches, each then synchronized."""
         for _ in range(100):
             tiny((1,), (256,), (x, np.int32(256)))
         cp.cuda.Device().synchronize()
-        per = []
-        for _ in range(7):
-            t0_ns = time.perf_counter_ns()
-            for _ in range(1000):
-                tiny((1,), (256,), (x, np.int32(256)))
-            cp.cuda.Device().synchronize()
-            per.append((time.perf_counter_ns() - t0_ns) / 1000)
-        return statistics.median(per) / 1e3
+        return statistics.median(raw_launch_round_us() for _ in range(7))
 
     def raw_path_us() -> float:
         """Median µs of the 4 MiB path: a new buffer, host to device, the kernel, device to host."""
@@ -164,7 +166,22 @@ def bench_gpu(args: argparse.Namespace) -> int:
             h = _tenant(client, "hot", wasm)
             launch = request("tiny", [Buf(1024)], [rec_buf(0), rec_i32(256)], [], module=TINY, kind=1, repeat=1000, flags=TIME_LAUNCHES)
             _median_guest_ns(client, h, launch, 2)
-            res["guest_launch_us"] = _median_guest_ns(client, h, launch, 7) / 1000 / 1e3
+            raw_launch_us()  # warm again after the starts above
+            # A guest call's 1000 launches alternate with raw rounds of 1000: raw CuPy's launch
+            # moved from 5.3 to 8.6 us within one run on one host, so the launch is judged
+            # against raw rounds taken beside the guest's, not minutes before or after. Two raw
+            # rounds follow each guest call and the faster counts, so that whatever a round
+            # right after the guest's call pays never flatters the guest.
+            guest_rounds, raw_first, raw_second = [], [], []
+            for _ in range(9):
+                raw_first.append(raw_launch_round_us())
+                raw_second.append(raw_launch_round_us())
+                guest_rounds.append(_median_guest_ns(client, h, launch, 1) / 1000 / 1e3)
+            res["guest_launch_us"] = statistics.median(guest_rounds)
+            res["raw_launch_beside_us"] = statistics.median(map(min, raw_first, raw_second))
+            res["raw_launch_beside_first_us"] = statistics.median(raw_first)
+            res["raw_launch_beside_second_us"] = statistics.median(raw_second)
+            spread = f"{min(guest_rounds):.2f}-{max(guest_rounds):.2f}"
 
             path = request(
                 "scale2", [Buf(4 << 20, host.tobytes())], [rec_buf(0), rec_i32(n)], [0], grid=(n // 256, 1, 1), module=SCALE, kind=1,
@@ -200,7 +217,6 @@ def bench_gpu(args: argparse.Namespace) -> int:
 
     res["raw_launch_after_us"] = raw_launch_us()
     res["raw_4mib_path_after_us"] = raw_path_us()
-    raw_launch = min(res["raw_launch_us"], res["raw_launch_after_us"])
     raw_path = min(res["raw_4mib_path_us"], res["raw_4mib_path_after_us"])
 
     # ---- where the guest's time goes: the parts, in this process --------------------------------
@@ -218,14 +234,16 @@ def bench_gpu(args: argparse.Namespace) -> int:
         print(f"the parts could not be timed: {type(exc).__name__}: {exc}")
 
     rows = [
-        ("guest launch / raw CuPy launch", res["guest_launch_us"] / raw_launch, "<= 1.2x", lambda r: r <= 1.2),
+        ("guest launch / raw CuPy launch (alternated)", res["guest_launch_us"] / res["raw_launch_beside_us"], "<= 1.2x", lambda r: r <= 1.2),
         ("guest 4 MiB path / raw CuPy (managed memory)", res["guest_4mib_path_us"] / raw_path, "<= 1.1x", lambda r: r <= 1.1),
         ("guest 4 MiB path / raw CuPy (device memory)", res["guest_4mib_path_device_mem_us"] / raw_path, "<= 1.3x", lambda r: r <= 1.3),
         ("std gemm_f32 4096 / cupy.matmul (speed)", res["raw_gemm4096_ms"] / res["guest_gemm4096_ms"], ">= 0.8x", lambda r: r >= 0.8),
         ("GPU cold start (ms, warm spare)", res["gpu_cold_start_ms"], "<= 20 ms", lambda r: r <= 20),
     ]
-    print(f"\nraw CuPy, before the guests / after them: launch {res['raw_launch_us']:.2f} / {res['raw_launch_after_us']:.2f} us, "
-          f"4 MiB path {res['raw_4mib_path_us']:.1f} / {res['raw_4mib_path_after_us']:.1f} us (each ratio below is against the faster)")
+    print(f"\nraw CuPy, before the guests / beside the guest's launches / after them: launch {res['raw_launch_us']:.2f} / "
+          f"{res['raw_launch_beside_us']:.2f} / {res['raw_launch_after_us']:.2f} us (the launch is judged against the rounds beside "
+          f"the guest's, whose rounds took {spread} us a launch); 4 MiB path {res['raw_4mib_path_us']:.1f} / "
+          f"{res['raw_4mib_path_after_us']:.1f} us (judged against the faster)")
     print(f"\n{'metric':42} {'value':>8}  {'target':9} ok")
     for name, value, target, ok in rows:
         print(f"{name:42} {value:8.2f}  {target:9} {'yes' if ok(value) else 'NO'}")
@@ -234,7 +252,7 @@ def bench_gpu(args: argparse.Namespace) -> int:
         print(
             f"\nguest launch {res['guest_launch_us']:.2f} us: the ABI's host path {res['abi_launch_host_us']:.2f} us "
             f"(no kernel) + the prepared cuLaunchKernel {res['prepared_launch_us']:.2f} us + {rest:.2f} us outside both "
-            f"(each part is timed alone, its code and data hot; in the guest they run in turn); raw CuPy {raw_launch:.2f} us"
+            f"(each part is timed alone, its code and data hot; in the guest they run in turn); raw CuPy beside it {res['raw_launch_beside_us']:.2f} us"
         )
     if parts:
         print(f"\n{'4 MiB path step (us)':24} {'backend':>9} {'raw CuPy':>9}")
