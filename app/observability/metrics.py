@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from app.api.edge import EdgeEvent
 from app.contract.messages import HostCounts
-from app.observability.pending import Pending
+from app.observability.pending import Adds, Held, Pending
 from app.observability.phase_metrics import PhaseCounters
 from app.observability.phases import PUBLISH_S
 from app.observability.stalls import stall_histograms
@@ -139,8 +139,14 @@ class Metrics:
                 self.compiles.labels(kind, outcome)  # every series exists from the start
         # label children by label values: `labels()` locks and rebuilds its key on every call
         self._children: dict[tuple[object, ...], object] = {}
-        # the invoke path's counts, held until the next publication (app/observability/pending.py)
+        # the invoke path's counts, held until the next publication (app/observability/pending.py),
+        # and where each is held, found by its label values in one step: a call's six
+        # children looked up one by one and held through Pending's dicts cost ~6.2 µs a call on
+        # the 2-core VM, these ~1.6
         self.pending = Pending()
+        self._tenants: dict[str, _TenantHeld] = {}
+        self._outcomes: dict[tuple[str, str, str], Held] = {}
+        self._requests: dict[tuple[str, str, int], tuple[Held, Adds]] = {}
         self._publisher: asyncio.Task[None] | None = None
 
     def child(self, metric: object, *values: str) -> Any:
@@ -218,20 +224,41 @@ class Metrics:
         runner.on_nodes = self.nodes_alive.set
         self.node_info.labels(runner.node_id, runner.heartbeat.host).set(1)
 
+    def _tenant(self, tenant: str) -> _TenantHeld:
+        held = self._tenants.get(tenant)
+        if held is None:
+            p = self.pending
+            held = self._tenants[tenant] = _TenantHeld(
+                p.histogram(self.child(self.wait_seconds, tenant)), p.histogram(self.child(self.run_seconds, tenant)),
+                p.histogram(self.child(self.invocation_seconds, tenant)),
+            )
+        return held
+
     def waited(self, tenant: str, seconds: float) -> None:
-        self.pending.observe(self.child(self.wait_seconds, tenant), seconds)
+        self._tenant(tenant).wait.add(seconds)
 
     def ran(self, tenant: str, seconds: float) -> None:
-        self.pending.observe(self.child(self.run_seconds, tenant), seconds)
+        self._tenant(tenant).run.add(seconds)
 
     def request(self, method: str, route: str, status: int, seconds: float) -> None:
         """An HTTP request answered (or abandoned), by its route's template."""
-        self.pending.inc(self.child(self.http_requests, method, route, str(status)))
-        self.pending.observe(self.child(self.http_seconds, method, route), seconds)
+        key = (method, route, status)
+        held = self._requests.get(key)
+        if held is None:
+            p = self.pending
+            held = self._requests[key] = (
+                p.count(self.child(self.http_requests, method, route, str(status))), p.histogram(self.child(self.http_seconds, method, route)),
+            )
+        held[0].amount += 1.0
+        held[1].add(seconds)
 
     def invocation(self, tenant: str, function: str, outcome: str, seconds: float, host: HostCounts | None) -> None:
-        self.pending.inc(self.child(self.invocations, tenant, function, outcome))
-        self.pending.observe(self.child(self.invocation_seconds, tenant), seconds)
+        key = (tenant, function, outcome)
+        count = self._outcomes.get(key)
+        if count is None:
+            count = self._outcomes[key] = self.pending.count(self.child(self.invocations, tenant, function, outcome))
+        count.amount += 1.0
+        self._tenant(tenant).duration.add(seconds)
         if host:
             if host.launches:
                 self.pending.inc(self.child(self.kernel_launches, tenant), host.launches)
@@ -239,6 +266,14 @@ class Metrics:
                 self.compile_cache.labels("hit").inc(host.compile_hits)
             if host.compile_misses:
                 self.compile_cache.labels("miss").inc(host.compile_misses)
+
+
+class _TenantHeld(NamedTuple):
+    """Where a tenant's per-call observations are held."""
+
+    wait: Adds
+    run: Adds
+    duration: Adds
 
 
 def attach_scheduler(registry: CollectorRegistry, scheduler: Scheduler) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from app.observability.metrics import LATENCY_BUCKETS
+from app.observability.metrics import LATENCY_BUCKETS, Metrics
 from app.observability.pending import Pending
 
 
@@ -60,3 +60,30 @@ def test_a_histogram_whose_parts_it_cannot_reach_is_observed_at_once() -> None:
     assert child.seen == [0.5]
     pending.publish()
     assert child.seen == [0.5]
+
+
+def test_the_invoke_paths_counts_held_by_label_values_reach_their_series() -> None:
+    metrics = Metrics()
+    for seconds, status in ((0.0003, 200), (0.004, 200), (0.2, 500)):
+        metrics.waited("t", seconds)
+        metrics.ran("t", seconds)
+        metrics.invocation("t", "echo", "succeeded" if status == 200 else "guest_error", seconds, None)
+        metrics.request("POST", "/v1/functions/{name}/invoke", status, seconds)
+    metrics.waited("u", 0.001)  # another tenant's own series
+    r = metrics.registry
+    assert _value(r, "tensorwasm_invocations_total", tenant="t", function="echo", outcome="succeeded") == 0
+    metrics.publish()
+    assert _value(r, "tensorwasm_invocations_total", tenant="t", function="echo", outcome="succeeded") == 2
+    assert _value(r, "tensorwasm_invocations_total", tenant="t", function="echo", outcome="guest_error") == 1
+    for name in ("tensorwasm_invocation_wait_seconds", "tensorwasm_invocation_run_seconds", "tensorwasm_invocation_duration_seconds"):
+        assert _value(r, f"{name}_count", tenant="t") == 3
+        assert _value(r, f"{name}_bucket", tenant="t", le="0.005") == 2
+        assert _value(r, f"{name}_sum", tenant="t") == pytest.approx(0.2043)
+    assert _value(r, "tensorwasm_invocation_wait_seconds_count", tenant="u") == 1
+    route = {"method": "POST", "route": "/v1/functions/{name}/invoke"}
+    assert _value(r, "tensorwasm_http_requests_total", **route, status="200") == 2
+    assert _value(r, "tensorwasm_http_requests_total", **route, status="500") == 1
+    assert _value(r, "tensorwasm_http_request_duration_seconds_count", **route) == 3
+    metrics.publish()  # nothing new: nothing added twice
+    assert _value(r, "tensorwasm_invocations_total", tenant="t", function="echo", outcome="succeeded") == 2
+    assert _value(r, "tensorwasm_http_request_duration_seconds_count", **route) == 3
