@@ -100,6 +100,9 @@ class SupervisorClient:
         self.front = 0
         self.table: AdmissionTable | None = None
         self._routes: dict[str, list[RoutedWorker]] = {}
+        # their admission-table slots, in the same order: the admission step takes them on
+        # every call (built there per call with the worker then found again, ~1.1 us on the dev VM)
+        self._route_slots: dict[str, list[int]] = {}
         self._grown: dict[str, float] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -135,6 +138,7 @@ class SupervisorClient:
         self._pool.clear()
         self._pooled = 0
         self._routes.clear()
+        self._route_slots.clear()
         if self.table is not None:
             self.table.close()
             self.table = None
@@ -223,20 +227,26 @@ class SupervisorClient:
         return SupervisorGone(f"the supervisor answered {type(msg).__name__}")
 
     # -- routes ---------------------------------------------------------------------------------
+    def _put_routes(self, tenant_id: str, workers: list[RoutedWorker]) -> None:
+        """The tenant's routed workers now (none: its calls ask for a lease), with their slots."""
+        if workers:
+            self._routes[tenant_id] = workers
+            self._route_slots[tenant_id] = [w.route.slot for w in workers]
+        else:
+            self._routes.pop(tenant_id, None)
+            self._route_slots.pop(tenant_id, None)
+
     def _set_routes(self, msg: Routes) -> None:
-        old = {w.route.worker_id: w for w in self._routes.pop(msg.tenant_id, [])}
+        old = {w.route.worker_id: w for w in self._routes.get(msg.tenant_id, [])}
         kept = [old.pop(r.worker_id) if r.worker_id in old else RoutedWorker.of(r) for r in msg.workers]
         for w in old.values():  # retired: calls on their way to it are sent again if not started
             w.gone = True  # its page stays open while a call holds it (it says whether the call started)
-        if kept:
-            self._routes[msg.tenant_id] = kept
+        self._put_routes(msg.tenant_id, kept)
 
     def forget_worker(self, tenant_id: str, worker: RoutedWorker) -> None:
         workers = self._routes.get(tenant_id)
         if workers is not None and worker in workers:
-            workers.remove(worker)
-            if not workers:
-                del self._routes[tenant_id]
+            self._put_routes(tenant_id, [w for w in workers if w is not worker])
         worker.gone = True
 
     def worker_failed(self, worker: RoutedWorker, outcome: Outcome) -> None:
@@ -263,14 +273,11 @@ class SupervisorClient:
             raise self._refused(msg)
         return RemoteLease(self, msg)
 
-    def _admit(self, principal: Principal, workers: list[RoutedWorker] | None) -> tuple[int, int, int]:
+    def _admit(self, principal: Principal, worker_slots: list[int] | None) -> tuple[int, int, int]:
         """One step in the table: (tenant entry, worker slot or -1, its queue before this call)."""
         assert self.table is not None
         q = principal.quota
-        a = self.table.admit(
-            self.front, principal.id, q.requests_per_second, q.max_concurrency + self.queue_limit,
-            [w.route.slot for w in workers] if workers else None,
-        )
+        a = self.table.admit(self.front, principal.id, q.requests_per_second, q.max_concurrency + self.queue_limit, worker_slots)
         if a.verdict == Verdict.RATE:
             raise Rejected(
                 RejectReason.RATE, f"tenant exceeded its rate of {q.requests_per_second:g} invocations per second",
@@ -303,9 +310,10 @@ class SupervisorClient:
             return RemoteLease(self, msg)
         t = clock()
         workers = self._routes.get(principal.id)
-        slot, queue_slot, depth = self._admit(principal, workers)
-        if workers:
-            picked = next(w for w in workers if w.route.slot == queue_slot)
+        slots = self._route_slots.get(principal.id)
+        slot, queue_slot, depth = self._admit(principal, slots)
+        if workers and slots:
+            picked = workers[slots.index(queue_slot)]
             if depth > 0 and len(workers) < principal.quota.max_concurrency:
                 self._grow(principal)  # its calls queue at every worker: one more, if its share allows
             direct = DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
