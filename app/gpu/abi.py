@@ -412,7 +412,8 @@ class AbiHost:
         key = (fn, gx, gy, gz, bx, by, bz, shared, raw)
         hit = inst.launch_cache.get(key)
         # A repeated launch (same kernel, shape and argument bytes) reuses its validated, prepared
-        # form, provided its kernel and every buffer it names are still the same live objects.
+        # form, provided its kernel and every buffer it names are still the same live objects
+        # (`_repeat_launch` makes the same check inline, in the callback's own frame).
         if hit is not None:
             handles = inst.handles
             if hit[0] is not ref:

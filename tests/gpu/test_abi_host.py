@@ -27,6 +27,7 @@ class FaultyGpu(CpuBackend):
     def __init__(self) -> None:
         super().__init__()
         self.info = DeviceInfo("cuda", "fake", "90", 1 << 34, DeviceLimits())
+        self.repeats = 0  # launches of `fails_when_repeated` so far
 
     def load_module(self, source: bytes, fmt: int) -> Any:
         if b"syntax error" in source:
@@ -47,7 +48,7 @@ class FaultyGpu(CpuBackend):
         if fn == "host_bug":
             raise ZeroDivisionError("oops")
         if fn == "fails_when_repeated":
-            self.repeats = getattr(self, "repeats", 0) + 1
+            self.repeats += 1
             if self.repeats > 1:
                 raise BackendError(Code.LAUNCH_FAILED, "launch: CUDA_ERROR_LAUNCH_TIMEOUT")
 
