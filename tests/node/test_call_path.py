@@ -59,16 +59,19 @@ async def test_a_tenant_never_runs_more_than_its_concurrency_as_its_guests_count
     proc, base = node
     fronts = await both_fronts(proc, FRONTS)
     async with http(base) as admin:
-        _, key = await new_tenant(admin, max_concurrency=2)
+        tid, key = await new_tenant(admin, max_concurrency=2)
         assert (await deploy(admin, key, "span", c_guest("span.c"))).status_code == 201
         assert (await admin.post("/v1/functions/span/invoke", headers=key, content=b"1")).status_code == 200
 
         async def spare_ready() -> bool:
             return any(w["state"] == "spare" for w in (await admin.get("/v1/admin/workers", headers=ADMIN)).json())
 
-        # the first call took the spare; its replacement comes ready before the burst, so the
-        # tenant's second worker is a bind, not a start racing the calls; each call runs 100 ms, so
-        # the burst lasts long enough for the bind and its routes to reach the fronts on a busy host
+        async def two_workers() -> bool:
+            workers = (await admin.get("/v1/admin/workers", headers=ADMIN)).json()
+            return sum(w["tenant_id"] == tid for w in workers) >= 2
+
+        # the first call took the spare; its replacement comes ready before the calls below, so the
+        # tenant's second worker is a bind, not a start racing them
         await until(spare_ready, "a spare for the tenant's second worker")
         spans: list[tuple[int, int]] = []
         async with contextlib.AsyncExitStack() as stack:
@@ -80,7 +83,13 @@ async def test_a_tenant_never_runs_more_than_its_concurrency_as_its_guests_count
                 start, end = map(int, r.text.split())
                 spans.append((start, end))
 
-            await asyncio.gather(*(call(c) for c in clients))
+            # Two calls first: one runs and one queues behind it, which grows the tenant to its
+            # second worker. The rest come once it has that worker: calls already queued at a
+            # worker stay there, so a burst admitted all at once before the new routes reached
+            # the fronts would never run two at a time (on a fast host it failed that way).
+            first = [asyncio.create_task(call(c)) for c in clients[:2]]
+            await until(two_workers, "the tenant's second worker")
+            await asyncio.gather(*first, *(call(c) for c in clients[2:]))
         # the most guests running at one instant, by their own clocks
         events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
         running = peak = 0
