@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import cast
 
 from app.contract.messages import ChangeKind, Outcome, Principal, Readiness, Usage, WorkerInfo
@@ -25,6 +26,9 @@ class LocalNode:
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:
         self.scheduler.release(cast(Lease, lease), outcome, kernels_version)
+
+    def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
+        return None  # one process serves every call through its scheduler's own queue
 
     def stop(self, lease: CallLease, within_s: float, kernels_version: str) -> None:
         # the worker's pipe carries its control messages too: nothing reaches a running guest

@@ -3,6 +3,7 @@ supervisor: leases, rate checks, views and admin changes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -33,6 +34,11 @@ class NodePort(Protocol):
     ) -> CallLease: ...
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None: ...
+
+    def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
+        """A future a call of the tenant waits for before it goes on (its tenant's calls queue at
+        its workers and another tenant's call is in this front), or None to go on at once."""
+        ...
 
     def stop(self, lease: CallLease, within_s: float, kernels_version: str) -> None:
         """The caller went away while its run was on the worker: stop the guest and release the

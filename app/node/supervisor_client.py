@@ -54,6 +54,7 @@ from app.contract.messages import (
     WorkerMessage,
 )
 from app.node.admission import ADMISSION_FILE, AdmissionTable, Verdict
+from app.node.front_share import FrontShare
 from app.node.ipc import pack, read_message
 from app.node.routes import DirectLease, RoutedWorker
 from app.node.worker_conn import WorkerConnection
@@ -93,10 +94,12 @@ class RemoteLease:
 
 
 class SupervisorClient:
-    def __init__(self, path: str, queue_limit: int = 256, queue_wait_s: float = 1.0) -> None:
+    def __init__(self, path: str, queue_limit: int = 256, queue_wait_s: float = 1.0, share_per_pass: int = 1) -> None:
         self.path = path
         self.queue_limit = queue_limit
         self.queue_wait_s = queue_wait_s
+        # this front's time between tenants (app/node/front_share.py); 0: no call waits for a turn
+        self.share = FrontShare(share_per_pass) if share_per_pass > 0 else None
         self.front = 0
         self.table: AdmissionTable | None = None
         self._routes: dict[str, list[RoutedWorker]] = {}
@@ -235,6 +238,8 @@ class SupervisorClient:
         else:
             self._routes.pop(tenant_id, None)
             self._route_slots.pop(tenant_id, None)
+            if self.share is not None:
+                self.share.forget(tenant_id)  # no worker to queue at: the set stays as small as the routes
 
     def _set_routes(self, msg: Routes) -> None:
         old = {w.route.worker_id: w for w in self._routes.get(msg.tenant_id, [])}
@@ -317,6 +322,8 @@ class SupervisorClient:
             if depth > 0 and len(workers) < principal.quota.max_concurrency:
                 self._grow(principal)  # its calls queue at every worker: one more, if its share allows
             direct = DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
+            if self.share is not None:
+                direct.direct = self.share.admitted(principal.id, depth)
             lap(ADMIT, t)
             return direct
         lease = DirectLease(self, principal, slot, None, -1, hard_timeout_s, traceparent, 0.0)
@@ -365,6 +372,12 @@ class SupervisorClient:
         if self.table is not None:
             self.table.leave(self.front, lease.slot, lease.queue_slot)
             lease.queue_slot = -1
+        if lease.direct and self.share is not None:
+            lease.direct = False
+            self.share.leave(lease.principal.id)
+
+    def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
+        return self.share.turn(tenant_id) if self.share is not None else None
 
     def stop(self, lease: object, within_s: float, kernels_version: str) -> None:
         assert isinstance(lease, (RemoteLease, DirectLease))

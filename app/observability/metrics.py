@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -118,6 +118,12 @@ class Metrics:
         self.edge_closed = Counter(
             "tensorwasm_edge_closed", "Connections the edge refused or closed, by reason (docs/operations.md)", ["reason"], registry=r
         )
+        # calls that waited for a turn in their front (app/node/front_share.py)
+        self.front_turns = Counter(
+            "tensorwasm_front_turns",
+            "Calls that waited for a turn in their front: their tenant queued at its workers while another tenant's call was there",
+            registry=r,
+        )
         self.auth_failures = Counter(
             "tensorwasm_auth_failures", "Failed authentications: refused (401) or throttled (429, no lookup)", ["outcome"], registry=r
         )
@@ -148,6 +154,9 @@ class Metrics:
         self._outcomes: dict[tuple[str, str, str], Held] = {}
         self._requests: dict[tuple[str, str, int], tuple[Held, Adds]] = {}
         self._publisher: asyncio.Task[None] | None = None
+        # the calls this front made wait for a turn (app/node/front_share.py), counted there
+        self.turns_taken: Callable[[], int] | None = None
+        self._turns_published = 0
 
     def child(self, metric: object, *values: str) -> Any:
         key = (id(metric), *values)
@@ -173,6 +182,11 @@ class Metrics:
         """This process's held counts and phase totals, into their series."""
         self.pending.publish()
         self.front_phases.publish()
+        if self.turns_taken is not None:  # a count kept by its owner, added as it grew
+            n = self.turns_taken()
+            if n > self._turns_published:
+                self.front_turns.inc(n - self._turns_published)
+                self._turns_published = n
 
     def start(self) -> None:
         self._publisher = asyncio.get_running_loop().create_task(self._publish_loop())

@@ -204,6 +204,8 @@ class Executor:
         on_chunk: Callable[[Payload], None] | None,
     ) -> tuple[Result, Payload]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
+        if (turn := self.node.turn(tenant.id)) is not None:  # its tenant queues: other tenants' calls first
+            await turn
         t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
         leased = time.perf_counter()
@@ -244,12 +246,14 @@ class Executor:
             t = clock()
             self.metrics.ran(tenant.name, reply.duration_ms / 1000)
             lap(METRICS, t)
-            return reply, out
         finally:
             if outcome is not None:
                 t = clock()
                 self.node.release(lease, outcome, kernels.version)
                 lap(RELEASE, t)
+        if (turn := self.node.turn(tenant.id)) is not None:  # and once more before it answers
+            await turn
+        return reply, out
 
 
 @dataclass

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wasmtime
 
-from tests.helpers import ADMIN, ADMIN_TOKEN, deploy, new_tenant, process_alive, server_process, wat
+from tests.helpers import ADMIN, ADMIN_TOKEN, GUESTS, deploy, new_tenant, process_alive, server_process, wat
 from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until
 
 FRONTS = 3
@@ -258,3 +259,36 @@ async def test_a_tenant_holding_every_worker_gives_one_up_to_a_new_tenant(server
             finally:
                 stop.set()
                 await asyncio.gather(*busy)
+
+
+async def test_a_tenant_whose_calls_queue_takes_turns_beside_another_tenants_call(node: tuple[Any, str]) -> None:
+    """A front gives a call of another tenant its steps first (app/node/front_share.py): the
+    flood's calls (100 ms each), queued at its one worker while the other tenant's call runs in
+    the same front, wait for turns and still all answer, in full."""
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    sleepy = bytes(wasmtime.wat2wasm((GUESTS / "sleep_echo.wat").read_text().replace("100000000", "3000000000")))  # 3 s
+    async with http(base) as admin:
+        quiet_id, quiet = await new_tenant(admin, max_concurrency=1)
+        _, flood = await new_tenant(admin, max_concurrency=1)
+        assert (await deploy(admin, quiet, "sleepy", sleepy)).status_code == 201
+        assert (await deploy(admin, flood, "echo", wat("sleep_echo"))).status_code == 201
+        for key, name in ((quiet, "sleepy"), (flood, "echo")):  # each bound, its routes on every front
+            assert (await admin.post(f"/v1/functions/{name}/invoke", headers=key, content=b"warm")).status_code == 200
+        before = samples((await admin.get("/metrics")).text, "tensorwasm_front_turns_total")
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(pinned(base, fronts[0], fronts)) for _ in range(7)]
+            slow = asyncio.create_task(clients[0].post("/v1/functions/sleepy/invoke", headers=quiet, content=b"quiet"))
+            await until(lambda: tenant_busy(admin, quiet_id), "the other tenant's call to run")
+            replies = await asyncio.gather(*(
+                c.post("/v1/functions/echo/invoke", headers=flood, content=f"flood-{i}".encode()) for i, c in enumerate(clients[1:])
+            ))
+            assert not slow.done()  # all answered while the other call was still in the front
+            assert [(r.status_code, r.text) for r in replies] == [(200, f"flood-{i}") for i in range(6)]
+            r = await slow
+            assert (r.status_code, r.text) == (200, "quiet")
+
+        async def turns_taken() -> bool:  # each front publishes its count within a second
+            return samples((await admin.get("/metrics")).text, "tensorwasm_front_turns_total") > before
+
+        await until(turns_taken, "the flood's calls to have waited for turns", limit_s=10)
