@@ -29,7 +29,7 @@ class FrontShare:
     def __init__(self, per_pass: int) -> None:
         self._direct: dict[str, int] = {}  # tenant id -> its calls here admitted onto a free worker
         self._queuing: set[str] = set()  # tenants whose last call here was admitted behind another
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
         self.per_pass = per_pass  # calls let on at each pass while another tenant's call is here
         self.waited = 0  # calls that waited for a turn (a metric's count, published with the held ones)
@@ -53,17 +53,19 @@ class FrontShare:
         else:
             del d[tenant_id]
 
+    def _gives_way(self, tenant_id: str) -> bool:
+        """Whether a direct call of another tenant is here."""
+        d = self._direct
+        return len(d) > 1 or (len(d) == 1 and tenant_id not in d)
+
     def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
         """A future done at the call's turn, or None when it goes on at once: its tenant's calls
         do not queue, or no direct call of another tenant is in this front."""
-        if tenant_id not in self._queuing:
-            return None
-        d = self._direct
-        if not d or (len(d) == 1 and tenant_id in d):
+        if tenant_id not in self._queuing or not self._gives_way(tenant_id):
             return None
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._waiting.append(fut)
+        self._waiting.append((tenant_id, fut))
         self.waited += 1
         if not self._draining:
             self._draining = True
@@ -71,15 +73,19 @@ class FrontShare:
         return fut
 
     def _drain(self) -> None:
-        """Runs once per pass of the event loop while calls wait: lets `per_pass` of them on, or
-        every one once no direct call is here."""
+        """Runs once per pass of the event loop while calls wait: lets them on in the order they
+        came, at most `per_pass` of those that still give way to another tenant's call."""
         waiting = self._waiting
-        n = self.per_pass if self._direct else len(waiting)
-        while n > 0 and waiting:
-            fut = waiting.popleft()
+        left = self.per_pass
+        while waiting:
+            tenant_id, fut = waiting[0]
             if not fut.done():  # a cancelled one (its client gone) takes no turn
+                if self._gives_way(tenant_id):
+                    if not left:
+                        break
+                    left -= 1
                 fut.set_result(None)
-                n -= 1
+            waiting.popleft()
         if waiting:
             # called from a pass's callbacks, call_soon runs it in the next pass
             asyncio.get_running_loop().call_soon(self._drain)

@@ -94,3 +94,38 @@ async def test_waiting_calls_resume_their_tasks_in_order() -> None:
     tasks = [asyncio.create_task(call(i)) for i in range(4)]
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == [0, 1, 2, 3]
+
+
+async def test_once_only_its_own_direct_calls_are_here_the_rest_go_at_once() -> None:
+    share = FrontShare(per_pass=1)
+    share.admitted("flood", depth=0)  # one of its own calls went straight to a free worker
+    share.admitted("quiet", depth=0)
+    share.admitted("flood", depth=2)
+    futs = [share.turn("flood") for _ in range(4)]
+    await _pass()
+    assert _done(futs) == 1
+    share.leave("quiet")  # the flood's own direct call is still here: it gives way to no one
+    await _pass()
+    assert _done(futs) == 4 and share.waiting == 0
+
+
+async def test_calls_of_two_queuing_tenants_keep_their_order() -> None:
+    share = FrontShare(per_pass=1)
+    share.admitted("quiet", depth=0)
+    share.admitted("a", depth=1)
+    share.admitted("b", depth=1)
+    order: list[str] = []
+
+    async def call(tenant: str) -> None:
+        turn = share.turn(tenant)
+        assert turn is not None
+        await turn
+        order.append(tenant)
+
+    tasks = [asyncio.create_task(call(t)) for t in ("a", "b", "a", "b")]
+    for _ in range(3):
+        await _pass()
+    assert len(order) < 4  # still one a pass
+    share.leave("quiet")
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert order == ["a", "b", "a", "b"]
