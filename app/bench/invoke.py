@@ -133,6 +133,7 @@ def bench_invoke(args: argparse.Namespace) -> int:
         time.sleep(_PUBLISHED_S)
         first = after = observed.scrape(client)
         slow: list[observed.Slow] = []
+        turns: list[int] = []
         stalls: list[observed.Stalls] = []
         for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
             tag = f"_{i}" if i else ""
@@ -149,6 +150,7 @@ def bench_invoke(args: argparse.Namespace) -> int:
             time.sleep(_PUBLISHED_S)
             after = observed.scrape(client)
             slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
+            turns.append(observed.front_turns(after) - observed.front_turns(before))
             stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
         replaced = observed.replaced(after) - observed.replaced(first)
 
@@ -168,7 +170,7 @@ def bench_invoke(args: argparse.Namespace) -> int:
             f"c{c}": _phase_summary(p, fronts_cpu_us(profiled.cpu_use[c], procs)) for c, p in profiled.phases.items()
         }
         print(json.dumps(out, indent=2))
-    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, loaded.c32_split, profiled)
+    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, loaded.c32_split, profiled, turns)
     return 0
 
 
@@ -235,6 +237,7 @@ def _report(
     r: dict[str, WrkResult], procs: int, q: int, replaced: Counter[str] | None = None, slow: list[observed.Slow] | None = None,
     stalls: list[observed.Stalls] | None = None, after_idle_ms: float | None = None, cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] | None = None,
     c1_split: observed.Split | None = None, c32_split: observed.Split | None = None, profiled: Loaded | None = None,
+    turns: list[int] | None = None,
 ) -> None:
     print(f"\n{'figure (wrk; bare = FastAPI echo under uvicorn)':58} {'value':>14}  {'target':10} ok")
     _line("bare echo c=1 p50 / p99 (ms)", f"{r['bareN_c1'].p50_ms:.3f} / {r['bareN_c1'].p99_ms:.3f}")
@@ -342,6 +345,11 @@ def _report(
         _line(
             "other tenant per run: wrk's replies/the node's calls/slowest (ms)",
             " ".join(f"{b.requests}/{x.calls}/{b.max_ms:.0f}" for b, x in zip(besides, slow, strict=False)),
+        )
+    if turns:  # app/node/front_share.py: the flood's calls giving the other tenant's their turn
+        _line(
+            "per run: turns the flood's calls waited for in their fronts (up to 2 a call)",
+            " ".join(f"{t} ({t / max(1, r[f'flood_at_4x{tag}'].requests):.1f}/call)" for t, tag in zip(turns, tags, strict=False)),
         )
     if stalls:
         _line(

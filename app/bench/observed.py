@@ -115,6 +115,11 @@ def stalls(samples: list[Sample], host: HostCpu) -> Stalls:
     return Stalls(stalled("tensorwasm_event_loop_lag_seconds"), stalled("tensorwasm_supervisor_event_loop_lag_seconds"), gc, host)
 
 
+def front_turns(samples: list[Sample]) -> int:
+    """Turns waited for in the fronts so far (app/node/front_share.py): up to two a call."""
+    return int(_matching(samples, "tensorwasm_front_turns_total", {}))
+
+
 def replaced(samples: list[Sample]) -> Counter[str]:
     """Workers the node has replaced so far, by reason (each costs a context start)."""
     return Counter({s.labels["reason"]: int(s.value) for s in samples if s.name == "tensorwasm_worker_restarts_total"})

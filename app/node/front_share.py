@@ -32,7 +32,7 @@ class FrontShare:
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
         self.per_pass = per_pass  # calls let on at each pass while another tenant's call is here
-        self.waited = 0  # calls that waited for a turn (a metric's count, published with the held ones)
+        self.waited = 0  # turns waited for (a metric's count, published with the held counts)
 
     def admitted(self, tenant_id: str, depth: int) -> bool:
         """A call admitted with `depth` calls queued before it at its worker; True when it counts

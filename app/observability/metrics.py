@@ -118,10 +118,10 @@ class Metrics:
         self.edge_closed = Counter(
             "tensorwasm_edge_closed", "Connections the edge refused or closed, by reason (docs/operations.md)", ["reason"], registry=r
         )
-        # calls that waited for a turn in their front (app/node/front_share.py)
+        # turns calls waited for in their front (app/node/front_share.py)
         self.front_turns = Counter(
             "tensorwasm_front_turns",
-            "Calls that waited for a turn in their front: their tenant queued at its workers while another tenant's call was there",
+            "Turns calls waited for in their front, up to two a call: their tenant queued at its workers while another tenant's call was there",
             registry=r,
         )
         self.auth_failures = Counter(
@@ -154,7 +154,7 @@ class Metrics:
         self._outcomes: dict[tuple[str, str, str], Held] = {}
         self._requests: dict[tuple[str, str, int], tuple[Held, Adds]] = {}
         self._publisher: asyncio.Task[None] | None = None
-        # the calls this front made wait for a turn (app/node/front_share.py), counted there
+        # the turns calls waited for in this front (app/node/front_share.py), counted there
         self.turns_taken: Callable[[], int] | None = None
         self._turns_published = 0
 

@@ -13,7 +13,7 @@ import pytest
 
 from app.bench.cpu import HostCpu, Role, RoleCpu
 from app.bench.invoke import Loaded, _phase_summary, _report
-from app.bench.observed import FrontPhases, Slow, Split, Stalls, front_phases, replaced, scrape, slow_calls, split, stalls
+from app.bench.observed import FrontPhases, Slow, Split, Stalls, front_phases, front_turns, replaced, scrape, slow_calls, split, stalls
 from app.bench.wrk import WrkResult
 from app.observability.phases import Phase
 
@@ -54,6 +54,15 @@ def test_several_flood_runs_are_listed_and_the_worst_decides(capsys: pytest.Capt
     assert _line(out, "other tenant c=1 p99 beside the flood, 3 runs").split()[-3:] == ["3.0", "9.0", "2.5"]
     assert _line(out, "other tenant c=1 p99 alone / worst beside").split()[-3:] == ["2.00", "/", "9.00"]
     assert _line(out, "other tenant p99 worst beside the flood / alone").split()[-4:] == ["4.50x", "<=", "2.0x", "NO"]
+
+
+def test_the_turns_the_flood_waited_for_are_read_from_the_metric_and_shown_per_run(capsys: pytest.CaptureFixture[str]) -> None:
+    text = "# HELP tensorwasm_front_turns_total x\n# TYPE tensorwasm_front_turns_total counter\ntensorwasm_front_turns_total 1500.0\n"
+    with httpx.Client(base_url="http://node", transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
+        assert front_turns(scrape(client)) == 1500
+    _report(_results([3.0, 2.0]), 2, 8, turns=[1500, 0])
+    out = capsys.readouterr().out
+    assert _line(out, "per run: turns the flood's calls waited for").split()[-4:] == ["1500", "(1.5/call)", "0", "(0.0/call)"]
 
 
 def test_workers_replaced_during_the_floods_are_counted_from_the_nodes_metrics(capsys: pytest.CaptureFixture[str]) -> None:
