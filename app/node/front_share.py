@@ -1,17 +1,18 @@
-"""A front's time shared between tenants: while a call of another tenant is in this front, a
-tenant whose calls queue at its workers takes turns here (docs/architecture.md, "A front's time
-between tenants").
+"""A front's time shared between tenants: while a call of a tenant that does not queue is in this
+front, the calls that queued at their workers take turns here (docs/architecture.md, "A front's
+time between tenants").
 
 A front serves calls in the order their bytes come. A tenant sending more calls than its workers
 run keeps every front busy with its own, and a call of another tenant waits behind each loop pass
 of them: on a 16-core H200 host, a call at a time beside a flood at 4x its concurrency quota had
 3-4x its p99 alone, most of it between its worker's reply and its front taking it up. So a call
-of a tenant whose last call here queued at its worker waits for a turn twice, before its
-admission and before its answer, whenever a call of another tenant that did not queue is in this
-front: `per_pass` of the waiting calls go on at each pass of the event loop, so that other call's
-next step waits for those, not for every call of the flood. Its tenant loses no worker time: its
-workers still have calls queued. With no such call here nothing waits, and a tenant's calls never
-wait on its own.
+admitted behind another at its worker waits for a turn twice, before it is sent and before its
+answer, whenever a *light* tenant (one with calls here admitted onto a free worker and none
+queued) other than its own has a call in this front: `per_pass` of the waiting calls go on at
+each pass of the event loop, so the light call's next step waits for those, not for every call
+of the flood. The calls that wait lose no worker time (their workers have calls queued before
+them), and each holds its admission slot, so the waiting are as bounded as the queue. With no
+light tenant's call here nothing waits, and tenants that all queue never wait on one another.
 """
 
 from __future__ import annotations
@@ -21,47 +22,53 @@ from collections import deque
 
 
 class FrontShare:
-    """Per tenant: its calls in this front that went straight to a free worker, and whether its
-    last call here queued; and the turns of the calls that wait."""
+    """Per tenant: its calls in this front admitted onto a free worker (direct) and behind another
+    (queued); the tenants with direct calls and none queued (light); the turns of waiting calls."""
 
-    __slots__ = ("_direct", "_queuing", "_waiting", "_draining", "per_pass", "waited")
+    __slots__ = ("_direct", "_queued", "_light", "_waiting", "_draining", "per_pass", "waited")
 
     def __init__(self, per_pass: int) -> None:
         self._direct: dict[str, int] = {}  # tenant id -> its calls here admitted onto a free worker
-        self._queuing: set[str] = set()  # tenants whose last call here was admitted behind another
+        self._queued: dict[str, int] = {}  # tenant id -> its calls here admitted behind another
+        # tenants with direct calls here and none queued: the ones queued calls give way to (two
+        # tenants that both queue give way to neither, so neither loses a pass to the other)
+        self._light: set[str] = set()
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
-        self.per_pass = per_pass  # calls let on at each pass while another tenant's call is here
+        self.per_pass = per_pass  # queued calls let on at each pass while a light tenant's call is here
         self.waited = 0  # turns waited for (a metric's count, published with the held counts)
 
-    def admitted(self, tenant_id: str, depth: int) -> bool:
-        """A call admitted with `depth` calls queued before it at its worker; True when it counts
-        as a direct call (to be given back with `leave`)."""
-        if depth:
-            self._queuing.add(tenant_id)
-            return False
-        self._queuing.discard(tenant_id)
-        d = self._direct
-        d[tenant_id] = d.get(tenant_id, 0) + 1
-        return True
+    def admitted(self, tenant_id: str, queued: bool) -> None:
+        """A call admitted at its worker behind another (`queued`) or onto it free; given back
+        with `leave` and the same `queued`."""
+        counts = self._queued if queued else self._direct
+        counts[tenant_id] = counts.get(tenant_id, 0) + 1
+        self._weigh(tenant_id)
 
-    def leave(self, tenant_id: str) -> None:
-        d = self._direct
-        n = d[tenant_id] - 1
+    def leave(self, tenant_id: str, queued: bool) -> None:
+        counts = self._queued if queued else self._direct
+        n = counts[tenant_id] - 1
         if n:
-            d[tenant_id] = n
+            counts[tenant_id] = n
         else:
-            del d[tenant_id]
+            del counts[tenant_id]
+        self._weigh(tenant_id)
+
+    def _weigh(self, tenant_id: str) -> None:
+        if tenant_id in self._direct and tenant_id not in self._queued:
+            self._light.add(tenant_id)
+        else:
+            self._light.discard(tenant_id)
 
     def _gives_way(self, tenant_id: str) -> bool:
-        """Whether a direct call of another tenant is here."""
-        d = self._direct
-        return len(d) > 1 or (len(d) == 1 and tenant_id not in d)
+        """Whether a light tenant other than this one has a call here."""
+        light = self._light
+        return len(light) > 1 or (len(light) == 1 and tenant_id not in light)
 
     def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
-        """A future done at the call's turn, or None when it goes on at once: its tenant's calls
-        do not queue, or no direct call of another tenant is in this front."""
-        if tenant_id not in self._queuing or not self._gives_way(tenant_id):
+        """For a call admitted behind another: a future done at its turn, or None when it goes on
+        at once (no light tenant's call here)."""
+        if not self._gives_way(tenant_id):
             return None
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
@@ -74,7 +81,7 @@ class FrontShare:
 
     def _drain(self) -> None:
         """Runs once per pass of the event loop while calls wait: lets them on in the order they
-        came, at most `per_pass` of those that still give way to another tenant's call."""
+        came, at most `per_pass` of those that still give way to a light tenant's call."""
         waiting = self._waiting
         left = self.per_pass
         while waiting:
@@ -95,7 +102,3 @@ class FrontShare:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
-
-    def forget(self, tenant_id: str) -> None:
-        """A tenant with no call here any more (its routes went): no longer queuing."""
-        self._queuing.discard(tenant_id)

@@ -27,7 +27,7 @@ class LocalNode:
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:
         self.scheduler.release(cast(Lease, lease), outcome, kernels_version)
 
-    def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
+    def turn(self, lease: CallLease) -> asyncio.Future[None] | None:
         return None  # one process serves every call through its scheduler's own queue
 
     def stop(self, lease: CallLease, within_s: float, kernels_version: str) -> None:

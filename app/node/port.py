@@ -35,9 +35,9 @@ class NodePort(Protocol):
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None: ...
 
-    def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
-        """A future a call of the tenant waits for before it goes on (its tenant's calls queue at
-        its workers and another tenant's call is in this front), or None to go on at once."""
+    def turn(self, lease: CallLease) -> asyncio.Future[None] | None:
+        """A future the call waits for before it goes on (it queued at its worker and a call of a
+        tenant that does not queue is in this front), or None to go on at once."""
         ...
 
     def stop(self, lease: CallLease, within_s: float, kernels_version: str) -> None:

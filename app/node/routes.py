@@ -84,7 +84,8 @@ class DirectLease:
     remote: RemoteLease | None = None
     tried: set[str] = field(default_factory=set)
     invocation_id: str = ""
-    direct: bool = False  # admitted onto a worker with nothing queued: counted in the front's share
+    depth: int = 0  # the calls queued at its worker before it when admitted
+    shared: bool = False  # counted in the front's share (app/node/front_share.py) until released
     # its place in the tenant's order: admitted then, it may start until then + wait_s (a call
     # sent again keeps its place)
     admitted_at: float = field(default_factory=time.monotonic)

@@ -238,8 +238,6 @@ class SupervisorClient:
         else:
             self._routes.pop(tenant_id, None)
             self._route_slots.pop(tenant_id, None)
-            if self.share is not None:
-                self.share.forget(tenant_id)  # no worker to queue at: the set stays as small as the routes
 
     def _set_routes(self, msg: Routes) -> None:
         old = {w.route.worker_id: w for w in self._routes.get(msg.tenant_id, [])}
@@ -323,7 +321,8 @@ class SupervisorClient:
                 self._grow(principal)  # its calls queue at every worker: one more, if its share allows
             direct = DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
             if self.share is not None:
-                direct.direct = self.share.admitted(principal.id, depth)
+                direct.depth, direct.shared = depth, True
+                self.share.admitted(principal.id, depth > 0)
             lap(ADMIT, t)
             return direct
         lease = DirectLease(self, principal, slot, None, -1, hard_timeout_s, traceparent, 0.0)
@@ -372,12 +371,14 @@ class SupervisorClient:
         if self.table is not None:
             self.table.leave(self.front, lease.slot, lease.queue_slot)
             lease.queue_slot = -1
-        if lease.direct and self.share is not None:
-            lease.direct = False
-            self.share.leave(lease.principal.id)
+        if lease.shared and self.share is not None:
+            lease.shared = False
+            self.share.leave(lease.principal.id, lease.depth > 0)
 
-    def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
-        return self.share.turn(tenant_id) if self.share is not None else None
+    def turn(self, lease: object) -> asyncio.Future[None] | None:
+        if self.share is None or not isinstance(lease, DirectLease) or not lease.depth:
+            return None
+        return self.share.turn(lease.principal.id)
 
     def stop(self, lease: object, within_s: float, kernels_version: str) -> None:
         assert isinstance(lease, (RemoteLease, DirectLease))

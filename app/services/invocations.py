@@ -204,8 +204,6 @@ class Executor:
         on_chunk: Callable[[Payload], None] | None,
     ) -> tuple[Result, Payload]:
         """Lease a worker, exchange the call's bytes with it directly, release the lease."""
-        if (turn := self.node.turn(tenant.id)) is not None:  # its tenant queues: other tenants' calls first
-            await turn
         t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
         leased = time.perf_counter()
@@ -214,6 +212,8 @@ class Executor:
         lap(METRICS, t)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
+            if (turn := self.node.turn(lease)) is not None:  # queued behind its own: a light tenant's calls first
+                await turn
             if lease.kernels_version != kernels.version:
                 run.kernels = kernels.sources
             outcome = Outcome.CANCELLED  # anything unforeseen mid-exchange: its reply is orphaned
@@ -251,8 +251,15 @@ class Executor:
                 t = clock()
                 self.node.release(lease, outcome, kernels.version)
                 lap(RELEASE, t)
-        if (turn := self.node.turn(tenant.id)) is not None:  # and once more before it answers
-            await turn
+        if (turn := self.node.turn(lease)) is not None:  # and once more before it answers
+            try:
+                await turn
+            except asyncio.CancelledError:
+                # the run is over and released: it stands as it ended (a caller gone meanwhile
+                # just gets no answer), never recorded as cut short
+                task = asyncio.current_task()
+                assert task is not None
+                task.uncancel()
         return reply, out
 
 
