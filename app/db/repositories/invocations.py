@@ -273,7 +273,8 @@ class InvocationRepository:
         for inv_id, node, attempt, max_attempts, started_at, earlier, cancel_requested, disabled in (await self.session.execute(q)).all():
             history = [*(earlier or []), {
                 "attempt": attempt, "node": node, "started_at": started_at.isoformat() if started_at else None,
-                "lost_at": now.isoformat(),
+                # a sweep's clock is read before its query: a claim made in between is not lost before it began
+                "lost_at": (max(now, started_at) if started_at else now).isoformat(),
             }]
             if cancel_requested or disabled:
                 why = "its cancel was asked" if cancel_requested else "its tenant is disabled"
