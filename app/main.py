@@ -72,8 +72,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         node = LocalNode(scheduler)
     else:  # a front: the scheduler runs in the supervisor
         node = client = SupervisorClient(node_socket, settings.queue_limit, settings.queue_wait_ms / 1000, settings.front_share_per_pass)
-        if (share := client.share) is not None:
-            metrics.turns_taken = lambda: share.waited
+        if client.share is not None:
+            client.share.held = metrics.pending.count(metrics.front_turns)  # published with the front's held counts
     sandbox = Sandbox(
         settings.compile_memory_bytes,
         settings.compile_timeout_s,

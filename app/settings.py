@@ -105,8 +105,9 @@ class Settings(BaseSettings):
     reserved_workers: int = Field(default=1, ge=0)
     queue_limit: int = 256  # waiting calls are cheap (a ticket and a timer each) and bounded by queue_wait_ms
     queue_wait_ms: int = 1000
-    # A front's time between tenants: while another tenant's call is in a front, the calls that
-    # queued at their workers finish this many per pass of its event loop; 0: all at once.
+    # A front's time between tenants: while a light tenant's call (admitted onto a free worker,
+    # none of its calls queued) is in a front, the calls queued behind another at their workers go
+    # on this many per pass of its event loop; 0: none ever waits.
     front_share_per_pass: int = Field(default=1, ge=0)
     # tenants the node's shared admission table holds with calls in flight or a rate debt at once
     admission_tenants: int = Field(default=16384, ge=64, le=1_048_576)

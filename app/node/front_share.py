@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from app.observability.pending import Held
+
 
 class FrontShare:
     """Per tenant: its calls in this front admitted onto a free worker (direct) and behind another
     (queued); the tenants with direct calls and none queued (light); the turns of waiting calls."""
 
-    __slots__ = ("_direct", "_queued", "_light", "_waiting", "_draining", "per_pass", "waited")
+    __slots__ = ("_direct", "_queued", "_light", "_waiting", "_draining", "per_pass", "held")
 
     def __init__(self, per_pass: int) -> None:
         self._direct: dict[str, int] = {}  # tenant id -> its calls here admitted onto a free worker
@@ -36,7 +38,8 @@ class FrontShare:
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
         self.per_pass = per_pass  # queued calls let on at each pass while a light tenant's call is here
-        self.waited = 0  # turns waited for (a metric's count, published with the held counts)
+        # turns waited for, held until the front publishes its counts (app/observability/pending.py)
+        self.held = Held()
 
     def admitted(self, tenant_id: str, queued: bool) -> None:
         """A call admitted at its worker behind another (`queued`) or onto it free; given back
@@ -73,7 +76,7 @@ class FrontShare:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiting.append((tenant_id, fut))
-        self.waited += 1
+        self.held.amount += 1
         if not self._draining:
             self._draining = True
             loop.call_soon(self._drain)
@@ -102,3 +105,8 @@ class FrontShare:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def waited(self) -> int:
+        """Turns waited for since the front last published its counts."""
+        return int(self.held.amount)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -121,7 +121,7 @@ class Metrics:
         # turns calls waited for in their front (app/node/front_share.py)
         self.front_turns = Counter(
             "tensorwasm_front_turns",
-            "Turns calls waited for in their front, up to two a call: their tenant queued at its workers while another tenant's call was there",
+            "Turns calls waited for in their front, up to two a call: queued behind another at their worker while a light tenant's call was there",
             registry=r,
         )
         self.auth_failures = Counter(
@@ -154,9 +154,6 @@ class Metrics:
         self._outcomes: dict[tuple[str, str, str], Held] = {}
         self._requests: dict[tuple[str, str, int], tuple[Held, Adds]] = {}
         self._publisher: asyncio.Task[None] | None = None
-        # the turns calls waited for in this front (app/node/front_share.py), counted there
-        self.turns_taken: Callable[[], int] | None = None
-        self._turns_published = 0
 
     def child(self, metric: object, *values: str) -> Any:
         key = (id(metric), *values)
@@ -182,11 +179,6 @@ class Metrics:
         """This process's held counts and phase totals, into their series."""
         self.pending.publish()
         self.front_phases.publish()
-        if self.turns_taken is not None:  # a count kept by its owner, added as it grew
-            n = self.turns_taken()
-            if n > self._turns_published:
-                self.front_turns.inc(n - self._turns_published)
-                self._turns_published = n
 
     def start(self) -> None:
         self._publisher = asyncio.get_running_loop().create_task(self._publish_loop())
