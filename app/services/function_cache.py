@@ -183,14 +183,19 @@ class FunctionCache:
     async def _load_function(self, session: AsyncSession, tenant_id: str, name: str, number: int | None = None) -> FunctionMeta | None:
         """Its active version, or version `number` (a version it does not keep: version_not_found)."""
         repo = FunctionRepository(session, tenant_id)
-        fn = await repo.get(name)
-        if fn is None:
-            return None
-        ver = await repo.version_settings(fn, fn.current_version if number is None else number)
-        if ver is None:
-            if number is not None:
+        if number is None:  # the usual read: one query
+            found = await repo.active(name)
+            if found is None:
+                return None
+            fn, ver = found
+        else:
+            pinned_fn = await repo.get(name)
+            if pinned_fn is None:
+                return None
+            pinned = await repo.version_settings(pinned_fn, number)
+            if pinned is None:
                 raise version_not_found(name, number)
-            return None
+            fn, ver = pinned_fn, pinned
         sha = ver.sha256
         if not self.compiler.cache.has(sha):  # deployed through another node
             wasm = await repo.module_bytes(fn, ver.version)

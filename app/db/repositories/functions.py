@@ -3,7 +3,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import Select, and_, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
@@ -25,6 +25,18 @@ class FunctionRepository:
 
     async def get(self, name: str) -> Function | None:
         return await self.session.scalar(self._functions().where(Function.name == name))
+
+    async def active(self, name: str) -> tuple[Function, FunctionVersion] | None:
+        """The function and its active version's settings (not its module bytes) in one read: a
+        call's lookup on a cache miss, and each refresh of a cached function."""
+        q = (
+            select(Function, FunctionVersion)
+            .join(FunctionVersion, and_(FunctionVersion.function_id == Function.id, FunctionVersion.version == Function.current_version))
+            .options(defer(FunctionVersion.module, raiseload=True))
+            .where(Function.tenant_id == self.tenant_id, Function.name == name)
+        )
+        row = (await self.session.execute(q)).first()
+        return (row[0], row[1]) if row is not None else None
 
     async def count(self) -> int:
         q = select(func.count()).select_from(Function).where(Function.tenant_id == self.tenant_id)
