@@ -35,6 +35,11 @@ class NodePort(Protocol):
 
     def release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None: ...
 
+    def routed(self, tenant_id: str) -> bool:
+        """Whether a call of the tenant finds a worker of its own without the supervisor's help
+        (False: its lease binds a spare or waits for a start)."""
+        ...
+
     def turn(self, lease: CallLease) -> asyncio.Future[None] | None:
         """A future the call waits for before it goes on (it queued at its worker and a call of a
         tenant that does not queue is in this front), or None to go on at once."""

@@ -375,6 +375,9 @@ class SupervisorClient:
             lease.shared = False
             self.share.leave(lease.principal.id, lease.depth > 0)
 
+    def routed(self, tenant_id: str) -> bool:
+        return bool(self._routes.get(tenant_id))
+
     def turn(self, lease: object) -> asyncio.Future[None] | None:
         if self.share is None or not isinstance(lease, DirectLease) or not lease.depth:
             return None

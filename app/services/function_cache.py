@@ -124,6 +124,11 @@ class FunctionCache:
         if len(used) > self.max_entries:
             del used[next(iter(used))]
 
+    def known_missing(self, tenant_id: str, name: str) -> bool:
+        """The name was read as missing lately (a lookup would raise NotFound without a read)."""
+        until = self._missing.get((tenant_id, name))
+        return until is not None and until > time.monotonic()
+
     def _check_missing(self, key: tuple[str, str], now: float) -> None:
         until = self._missing.get(key)
         if until is not None:

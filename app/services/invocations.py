@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from app.contract.errors import HardTimeout, Rejected, WorkerCrashed
+from app.contract.errors import HardTimeout, Rejected, RejectReason, WorkerCrashed
 from app.contract.frames import Payload
 from app.contract.messages import HostCounts, Outcome, Principal, Refused, RefuseReason, Result, Run, RunStatus
 from app.db.ids import new_invocation_id
 from app.errors import NotFound
-from app.node.port import NodePort
+from app.node.port import CallLease, NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
 from app.observability.phases import LOOKUP, METRICS, RECORD, RELEASE, SEND, clock, lap
@@ -151,14 +151,79 @@ class Executor:
             await self.node.check_rate(tenant)
             raise
 
+    def _lease_ahead(self, tenant: Principal, name: str, version: int | None) -> asyncio.Task[tuple[CallLease, float]] | None:
+        """For a tenant's first call in this front (no worker of its own in its routes, and its
+        function not cached): its lease asked now, so that the spare's bind, or the wait for a
+        start, goes on beside the function's read instead of after it. Not for a pinned version
+        or a name known to be missing, nor while tracing (the lease's span belongs inside the
+        call's). The lease's backstop at the supervisor is the tenant's own time limit: the
+        function's, never longer, is not known yet."""
+        if version is not None or self.node.routed(tenant.id) or self.tracing.enabled:
+            return None
+        if self.functions.cached(tenant.id, name) is not None or self.functions.known_missing(tenant.id, name):
+            return None
+        hard_timeout = (tenant.quota.timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
+        return asyncio.create_task(self._timed_lease(tenant, hard_timeout))
+
+    async def _timed_lease(self, tenant: Principal, hard_timeout: float) -> tuple[CallLease, float]:
+        t0 = time.perf_counter()
+        lease = await self.node.lease(tenant, hard_timeout, None, check_rate=True)
+        return lease, time.perf_counter() - t0
+
+    async def _lookup_beside(
+        self, tenant: Principal, name: str, ahead: asyncio.Task[tuple[CallLease, float]]
+    ) -> tuple[FunctionMeta, KernelSet, tuple[CallLease, float]]:
+        """The function read while its lease is asked (`_lease_ahead`). A name that does not
+        exist is 404 as ever, once: the lease's admission has counted it against the rate (429
+        when over it), and the lease is given back unused."""
+        try:
+            meta, kernels = await self.functions.lookup(tenant.id, name)
+        except NotFound:
+            if ahead.done() and not ahead.cancelled() and isinstance(exc := ahead.exception(), Rejected) and exc.reason == RejectReason.RATE:
+                raise exc from None
+            self._withdraw(ahead)
+            raise
+        except BaseException:
+            self._withdraw(ahead)
+            raise
+        try:
+            return meta, kernels, await asyncio.shield(ahead)
+        except BaseException:
+            self._withdraw(ahead)  # the caller went away while the lease was on its way
+            raise
+
+    def _withdraw(self, ahead: asyncio.Task[tuple[CallLease, float]]) -> None:
+        """A lease asked ahead for a call that will not run: given back unused once it comes (a
+        request still waiting is withdrawn)."""
+
+        def settle(task: asyncio.Task[tuple[CallLease, float]]) -> None:
+            if not task.cancelled() and task.exception() is None:
+                self.node.release(task.result()[0], Outcome.UNUSED, "")
+
+        if ahead.done():
+            settle(ahead)
+        else:
+            ahead.cancel()
+            ahead.add_done_callback(settle)
+
     async def execute(
         self, tenant: Principal, name: str, invocation_id: str, body: bytes, query: str, content_type: str,
         on_chunk: Callable[[Payload], None] | None = None, args: list[str] | None = None, version: int | None = None,
     ) -> Execution:
         """`version`: the one the call pinned (X-Function-Version), else the active one."""
-        meta, kernels = await self.lookup(tenant, name, version)
+        ahead = self._lease_ahead(tenant, name, version)
+        if ahead is None:
+            meta, kernels = await self.lookup(tenant, name, version)
+            leased = None
+        else:
+            meta, kernels, leased = await self._lookup_beside(tenant, name, ahead)
         t = clock()
-        run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
+        try:
+            run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
+        except BaseException:
+            if leased is not None:  # held from before the read: nothing else gives it back
+                self.node.release(leased[0], Outcome.UNUSED, "")
+            raise
         run.stream = on_chunk is not None
         run.kernels_version = kernels.version
         started = datetime.now(UTC)
@@ -179,7 +244,7 @@ class Executor:
             with self.tracing.span("scheduler.run", {"tensorwasm.tenant": tenant.name, "tensorwasm.function": name}):
                 run.traceparent = self.tracing.traceparent()  # None when not tracing
                 lap(SEND, t)  # the run message (tracing's hooks included, a no-op when off)
-                reply, out = await self._call(tenant, run, body, hard_timeout, kernels, on_chunk)
+                reply, out = await self._call(tenant, run, body, hard_timeout, kernels, on_chunk, leased)
                 self.tracing.emit_worker_spans(run.traceparent, reply.spans or [])
         except HardTimeout:
             msg = f"the invocation exceeded its time limit of {run.timeout_ms} ms and its worker was replaced"
@@ -201,14 +266,19 @@ class Executor:
 
     async def _call(
         self, tenant: Principal, run: Run, body: bytes, hard_timeout: float, kernels: KernelSet,
-        on_chunk: Callable[[Payload], None] | None,
+        on_chunk: Callable[[Payload], None] | None, ahead: tuple[CallLease, float] | None = None,
     ) -> tuple[Result, Payload]:
-        """Lease a worker, exchange the call's bytes with it directly, release the lease."""
-        t0 = time.perf_counter()
-        lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
-        leased = time.perf_counter()
+        """Lease a worker (or take the one `ahead` leased, with its wait), exchange the call's
+        bytes with it directly, release the lease."""
+        if ahead is None:
+            t0 = time.perf_counter()
+            lease = await self.node.lease(tenant, hard_timeout, run.traceparent, check_rate=True)
+            leased = time.perf_counter()
+            waited = leased - t0
+        else:
+            (lease, waited), leased = ahead, time.perf_counter()
         t = clock()
-        self.metrics.waited(tenant.name, leased - t0)
+        self.metrics.waited(tenant.name, waited)
         lap(METRICS, t)
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:

@@ -303,3 +303,21 @@ async def test_a_tenant_whose_calls_queue_takes_turns_beside_another_tenants_cal
             return await turns() > before
 
         await until(turns_taken, "the flood's calls to have waited for turns", limit_s=10)
+
+
+async def test_a_new_tenants_first_call_to_a_missing_name_is_404_counted_once(node: tuple[Any, str]) -> None:
+    """A tenant's first call in a front asks for its lease beside its function's read
+    (app/services/invocations.py, `_lease_ahead`): a name that does not exist is still 404, counted
+    once against the rate, and the lease asked for it holds no slot. Its bucket holds 2 calls (1 a
+    second): counted twice, the next call would be refused."""
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    async with http(base) as admin:
+        _, key = await new_tenant(admin, requests_per_second=1, max_concurrency=1)
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        async with pinned(base, fronts[1], fronts) as client:  # no worker of the tenant anywhere yet
+            missing = await client.post("/v1/functions/nope/invoke", headers=key, content=b"x")
+            assert missing.status_code == 404, missing.text
+            r = await client.post("/v1/functions/echo/invoke", headers=key, content=b"after")
+            assert (r.status_code, r.text) == (200, "after")  # its one slot free, one token left
+            assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code == 429

@@ -1,0 +1,210 @@
+"""A tenant's first call in a front asks for its lease beside its function's read
+(app/services/invocations.py, Executor._lease_ahead): the lease is asked before the read ends,
+a name that does not exist is still 404 (429 when the lease's admission found the tenant over its
+rate) with the lease given back unused, and a caller gone meanwhile leaves no lease held. A tenant
+with a worker in the front's routes, a pinned version, a name known missing and a traced call
+read first, as before."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from app.contract.errors import Rejected, RejectReason
+from app.contract.messages import Outcome, Principal, Result, Run, RunStatus
+from app.errors import NotFound
+from app.observability.metrics import Metrics
+from app.observability.tracing import Tracing
+from app.scheduler.leases import KernelSet
+from app.services.function_cache import FunctionMeta
+from app.services.invocations import Executor
+from app.settings import Settings
+from tests.helpers import principal
+
+
+@dataclass
+class _Lease:
+    events: list[str]
+    kernels_version: str = ""
+    wait_s: float = 0.0
+
+    async def exchange(self, run: Run, body: bytes, on_chunk: Any = None) -> tuple[Result, bytes]:
+        self.events.append("exchange")
+        return Result(status=RunStatus.OK, stdout_len=len(body)), body
+
+
+@dataclass
+class _Node:
+    """Leases that come when the test says (`grant`), or a refusal (`refuse`)."""
+
+    events: list[str] = field(default_factory=list)
+    routed_tenants: set[str] = field(default_factory=set)
+    grant: asyncio.Event = field(default_factory=asyncio.Event)
+    refuse: Exception | None = None
+    released: list[Outcome] = field(default_factory=list)
+
+    def routed(self, tenant_id: str) -> bool:
+        return tenant_id in self.routed_tenants
+
+    async def lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> _Lease:
+        self.events.append("lease")
+        if self.refuse is not None:  # refused at admission, before any wait
+            raise self.refuse
+        await self.grant.wait()
+        return _Lease(self.events)
+
+    def release(self, lease: _Lease, outcome: Outcome, kernels_version: str) -> None:
+        self.released.append(outcome)
+
+    def turn(self, lease: _Lease) -> None:
+        return None
+
+    async def check_rate(self, principal: Principal) -> None:
+        self.events.append("check_rate")
+
+
+@dataclass
+class _Functions:
+    """A function cache whose reads end when the test says (`found`), or find nothing."""
+
+    events: list[str]
+    exists: bool = True
+    cached_hit: bool = False
+    missing_known: bool = False
+    found: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _meta(self) -> tuple[FunctionMeta, KernelSet]:
+        return FunctionMeta("f", 1, "x" * 64, {}, "text/plain", None, Path("/nonexistent"), 0.0), KernelSet.of({})
+
+    def cached(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet] | None:
+        return self._meta() if self.cached_hit else None
+
+    def known_missing(self, tenant_id: str, name: str) -> bool:
+        return self.missing_known
+
+    async def lookup(self, tenant_id: str, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
+        self.events.append("read")
+        if self.missing_known:
+            raise NotFound.of(f"function {name!r}")
+        await self.found.wait()
+        self.events.append("read done")
+        if not self.exists:
+            raise NotFound.of(f"function {name!r}")
+        return self._meta()
+
+
+def _executor(node: _Node, functions: _Functions, traced: bool = False) -> Executor:
+    settings = Settings()
+    tracing = Tracing(settings, InMemorySpanExporter() if traced else None)
+    return Executor(settings, functions, node, Metrics(), tracing)  # type: ignore[arg-type]
+
+
+def _call(ex: Executor, tenant: Principal, version: int | None = None) -> asyncio.Task[Any]:
+    return asyncio.create_task(ex.execute(tenant, "f", "inv", b"in", "", "", version=version))
+
+
+async def _until(check: Any) -> None:
+    for _ in range(1000):
+        if check():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not reached")
+
+
+async def test_a_first_call_asks_for_its_lease_before_its_function_is_read() -> None:
+    node = _Node()
+    fns = _Functions(node.events)
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "lease" in node.events and "read" in node.events)
+    assert "read done" not in node.events  # the lease is on its way while the read is
+    fns.found.set()
+    await asyncio.sleep(0.01)
+    assert not call.done()  # read, and waiting for its worker
+    node.grant.set()
+    ex = await asyncio.wait_for(call, 5)
+    assert ex.stdout == b"in" and node.events[-1] == "exchange" and node.released == [Outcome.OK]
+
+
+@pytest.mark.parametrize("case", ["routed", "pinned", "cached", "traced"])
+async def test_other_calls_read_first_and_lease_after(case: str) -> None:
+    tenant = principal()
+    node = _Node(routed_tenants={tenant.id} if case == "routed" else set())
+    fns = _Functions(node.events, cached_hit=case == "cached")
+    node.grant.set()
+    fns.found.set()
+    ex = await asyncio.wait_for(_call(_executor(node, fns, traced=case == "traced"), tenant, 3 if case == "pinned" else None), 5)
+    assert ex.stdout == b"in"
+    expected = ["lease", "exchange"] if case == "cached" else ["read", "read done", "lease", "exchange"]
+    assert node.events == expected
+
+
+async def test_a_missing_name_is_404_once_and_gives_its_lease_back_unused() -> None:
+    node = _Node()
+    fns = _Functions(node.events, exists=False)
+    node.grant.set()
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "lease" in node.events)
+    await asyncio.sleep(0.01)  # the lease has come
+    fns.found.set()
+    with pytest.raises(NotFound):
+        await asyncio.wait_for(call, 5)
+    assert node.released == [Outcome.UNUSED]
+    assert "check_rate" not in node.events  # the lease's admission counted it against the rate
+
+
+async def test_a_missing_name_while_the_lease_waits_withdraws_it() -> None:
+    node = _Node()
+    fns = _Functions(node.events, exists=False)
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "lease" in node.events)
+    fns.found.set()
+    with pytest.raises(NotFound):
+        await asyncio.wait_for(call, 5)
+    node.grant.set()  # had it come after all, it would go back unused; withdrawn, it never comes
+    await asyncio.sleep(0.01)
+    assert node.released == []
+
+
+@pytest.mark.parametrize(("reason", "raised"), [(RejectReason.RATE, Rejected), (RejectReason.QUEUE_FULL, NotFound)])
+async def test_a_missing_name_of_a_tenant_over_its_rate_is_429(reason: RejectReason, raised: type[Exception]) -> None:
+    node = _Node(refuse=Rejected(reason, "no", 1))
+    fns = _Functions(node.events, exists=False)
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "lease" in node.events)
+    fns.found.set()
+    with pytest.raises(raised):  # as a read first then a rate check answered: 429 for the rate only
+        await asyncio.wait_for(call, 5)
+    assert node.released == []
+
+
+async def test_a_name_known_missing_is_read_first_and_counted_against_the_rate() -> None:
+    node = _Node()
+    fns = _Functions(node.events, missing_known=True)
+    with pytest.raises(NotFound):
+        await asyncio.wait_for(_call(_executor(node, fns), principal()), 5)
+    assert node.events == ["read", "check_rate"]
+
+
+@pytest.mark.parametrize("lease_came", [False, True])
+async def test_a_caller_gone_before_its_lease_is_used_leaves_none_held(lease_came: bool) -> None:
+    node = _Node()
+    fns = _Functions(node.events)
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "lease" in node.events)
+    fns.found.set()
+    await _until(lambda: "read done" in node.events)
+    if lease_came:
+        node.grant.set()
+        await asyncio.sleep(0)  # the lease comes while the caller is going
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    node.grant.set()
+    await asyncio.sleep(0.01)
+    assert node.released == ([Outcome.UNUSED] if lease_came else [])
+    assert "exchange" not in node.events
