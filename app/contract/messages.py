@@ -7,7 +7,7 @@ Two channels, each a tagged union of msgspec Structs encoded as MessagePack:
   result). A frame is `u32 header_len | u32 body_len | header | body` (app/contract/frames.py);
   bodies (stdin, stdout + stderr tail, chunks) stay raw bytes, never inside the header.
 - node messages (`NodeMessage`, tag `t`): front <-> supervisor over the supervisor's unix socket:
-  leases of cold calls, releases, rate checks, each tenant's routes, grow hints, failed workers,
+  leases of cold calls (and their withdrawal), releases, rate checks, each tenant's routes, grow hints, failed workers,
   views (usage, workers, readiness, metrics) and cache invalidations broadcast to every front.
 
 A warm call on a node of several fronts (the tenant has routed workers) sends the supervisor
@@ -322,6 +322,14 @@ class Refusal(_N, tag="refusal"):
     retry_after: int = 1
 
 
+class WithdrawLease(_N, tag="withdraw"):
+    """Front -> supervisor: lease request `req` is no longer wanted (its call ended before the
+    grant): dropped from the tenant's queue, so it takes no worker a waiting call could have. A
+    grant already on its way is handed back unused."""
+
+    req: int
+
+
 class ReleaseLease(_N, tag="release"):
     lease_id: str
     outcome: Outcome
@@ -448,7 +456,7 @@ class Changed(_N, tag="changed"):
 
 
 NodeMessage = (
-    Hello | LeaseRequest | Granted | Refusal | ReleaseLease | CompileSlot | SlotGranted | CompileDone | RateCheck | RateOk
+    Hello | LeaseRequest | WithdrawLease | Granted | Refusal | ReleaseLease | CompileSlot | SlotGranted | CompileDone | RateCheck | RateOk
     | View | ViewReply | Changed | Routes | Grow | WorkerFailed
 )
 

@@ -72,6 +72,7 @@ from app.contract.messages import (
     View,
     ViewKind,
     ViewReply,
+    WithdrawLease,
     WorkerFailed,
     lease_mac,
 )
@@ -276,6 +277,9 @@ class Supervisor:
             self._lease_request(front, msg)
         elif isinstance(msg, ReleaseLease):
             self._release(front, msg.lease_id, msg.outcome, msg.kernels_version)
+        elif isinstance(msg, WithdrawLease):
+            if (waiting := front.waiting.pop(msg.req, None)) is not None:
+                self.scheduler.withdraw(waiting)
         elif isinstance(msg, CompileSlot):
             task = asyncio.get_running_loop().create_task(self._compile_slot(front, msg))
             front.asking.add(task)

@@ -49,6 +49,7 @@ from app.contract.messages import (
     View,
     ViewKind,
     ViewReply,
+    WithdrawLease,
     WorkerFailed,
     WorkerInfo,
     WorkerMessage,
@@ -203,12 +204,16 @@ class SupervisorClient:
         req = next(self._ids)
         fut: asyncio.Future[NodeMessage] = asyncio.get_running_loop().create_future()
         self._pending[req] = fut
+        msg = build(req)
         try:
-            self._send(build(req))
+            self._send(msg)
             return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self._hand_back(fut.result())  # granted as its caller went away
+            elif isinstance(msg, LeaseRequest):
+                with contextlib.suppress(SupervisorGone):  # out of the queue: no worker bound for it
+                    self._send(WithdrawLease(req))
             raise
         finally:
             self._pending.pop(req, None)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.contract.errors import HardTimeout, Rejected, RejectReason, WorkerCrashed
 from app.contract.frames import Payload
@@ -125,6 +125,14 @@ class Execution:
     stderr_tail: str | None = None
 
 
+class Leased(NamedTuple):
+    """A lease asked before the call's function was read (`Executor._lease_ahead`)."""
+
+    lease: CallLease
+    waited_s: float  # from its request to its grant
+    at: float  # its grant, on the monotonic clock
+
+
 class Executor:
     """Runs one invocation: lookup, lease, exchange with the worker, release.
 
@@ -151,7 +159,7 @@ class Executor:
             await self.node.check_rate(tenant)
             raise
 
-    def _lease_ahead(self, tenant: Principal, name: str, version: int | None) -> asyncio.Task[tuple[CallLease, float]] | None:
+    def _lease_ahead(self, tenant: Principal, name: str, version: int | None) -> asyncio.Task[Leased] | None:
         """For a tenant's first call in this front (no worker of its own in its routes, and its
         function not cached): its lease asked now, so that the spare's bind, or the wait for a
         start, goes on beside the function's read instead of after it. Not for a pinned version
@@ -165,23 +173,28 @@ class Executor:
         hard_timeout = (tenant.quota.timeout_ms + self.settings.hard_timeout_grace_ms) / 1000
         return asyncio.create_task(self._timed_lease(tenant, hard_timeout))
 
-    async def _timed_lease(self, tenant: Principal, hard_timeout: float) -> tuple[CallLease, float]:
+    async def _timed_lease(self, tenant: Principal, hard_timeout: float) -> Leased:
         t0 = time.perf_counter()
         lease = await self.node.lease(tenant, hard_timeout, None, check_rate=True)
-        return lease, time.perf_counter() - t0
+        return Leased(lease, time.perf_counter() - t0, time.monotonic())
 
     async def _lookup_beside(
-        self, tenant: Principal, name: str, ahead: asyncio.Task[tuple[CallLease, float]]
-    ) -> tuple[FunctionMeta, KernelSet, tuple[CallLease, float]]:
+        self, tenant: Principal, name: str, ahead: asyncio.Task[Leased]
+    ) -> tuple[FunctionMeta, KernelSet, Leased]:
         """The function read while its lease is asked (`_lease_ahead`). A name that does not
         exist is 404 as ever, once: the lease's admission has counted it against the rate (429
         when over it), and the lease is given back unused."""
         try:
             meta, kernels = await self.functions.lookup(tenant.id, name)
         except NotFound:
-            if ahead.done() and not ahead.cancelled() and isinstance(exc := ahead.exception(), Rejected) and exc.reason == RejectReason.RATE:
-                raise exc from None
-            self._withdraw(ahead)
+            if ahead.done() and not ahead.cancelled() and (refused := ahead.exception()) is not None:
+                # refused at its admission: over the rate, answered as the rate check would;
+                # any other refusal took no token, so the check takes one now (429 over it)
+                if isinstance(refused, Rejected) and refused.reason == RejectReason.RATE:
+                    raise refused from None
+                await self.node.check_rate(tenant)
+                raise
+            self._withdraw(ahead)  # admitted: its rate token is taken
             raise
         except BaseException:
             self._withdraw(ahead)
@@ -192,11 +205,11 @@ class Executor:
             self._withdraw(ahead)  # the caller went away while the lease was on its way
             raise
 
-    def _withdraw(self, ahead: asyncio.Task[tuple[CallLease, float]]) -> None:
+    def _withdraw(self, ahead: asyncio.Task[Leased]) -> None:
         """A lease asked ahead for a call that will not run: given back unused once it comes (a
         request still waiting is withdrawn)."""
 
-        def settle(task: asyncio.Task[tuple[CallLease, float]]) -> None:
+        def settle(task: asyncio.Task[Leased]) -> None:
             if not task.cancelled() and task.exception() is None:
                 self.node.release(task.result()[0], Outcome.UNUSED, "")
 
@@ -217,12 +230,18 @@ class Executor:
             leased = None
         else:
             meta, kernels, leased = await self._lookup_beside(tenant, name, ahead)
+            if time.monotonic() - leased.at > self.settings.hard_timeout_grace_ms / 2000:
+                # the read outlasted the grant (a compile, a bundle unpacked): the supervisor's
+                # backstop for this lease, counted from its grant with the tenant's time limit,
+                # could fall inside the run, so the call takes a fresh lease
+                self.node.release(leased.lease, Outcome.UNUSED, "")
+                leased = None
         t = clock()
         try:
             run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
         except BaseException:
             if leased is not None:  # held from before the read: nothing else gives it back
-                self.node.release(leased[0], Outcome.UNUSED, "")
+                self.node.release(leased.lease, Outcome.UNUSED, "")
             raise
         run.stream = on_chunk is not None
         run.kernels_version = kernels.version
@@ -266,7 +285,7 @@ class Executor:
 
     async def _call(
         self, tenant: Principal, run: Run, body: bytes, hard_timeout: float, kernels: KernelSet,
-        on_chunk: Callable[[Payload], None] | None, ahead: tuple[CallLease, float] | None = None,
+        on_chunk: Callable[[Payload], None] | None, ahead: Leased | None = None,
     ) -> tuple[Result, Payload]:
         """Lease a worker (or take the one `ahead` leased, with its wait), exchange the call's
         bytes with it directly, release the lease."""
@@ -276,7 +295,7 @@ class Executor:
             leased = time.perf_counter()
             waited = leased - t0
         else:
-            (lease, waited), leased = ahead, time.perf_counter()
+            lease, waited, leased = ahead.lease, ahead.waited_s, time.perf_counter()
         t = clock()
         self.metrics.waited(tenant.name, waited)
         lap(METRICS, t)

@@ -321,3 +321,4 @@ async def test_a_new_tenants_first_call_to_a_missing_name_is_404_counted_once(no
             r = await client.post("/v1/functions/echo/invoke", headers=key, content=b"after")
             assert (r.status_code, r.text) == (200, "after")  # its one slot free, one token left
             assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"x")).status_code == 429
+

@@ -24,6 +24,7 @@ from app.contract.messages import (
     Refusal,
     RefusalKind,
     ReleaseLease,
+    WithdrawLease,
 )
 from app.node.ipc import MessageProtocol, pack
 from app.node.supervisor_client import RemoteLease, SupervisorClient
@@ -130,7 +131,8 @@ async def test_a_grant_to_a_call_that_went_away_goes_back_unused(tmp_path: Path)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        sup.send(grant(r.req, "L1", t.id, "v0"))
+        assert await sup.next() == WithdrawLease(r.req)  # out of the supervisor's queue
+        sup.send(grant(r.req, "L1", t.id, "v0"))  # granted before the withdrawal came
         assert await sup.next() == ReleaseLease("L1", Outcome.UNUSED, "v0")
 
 

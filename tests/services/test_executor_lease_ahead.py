@@ -170,16 +170,37 @@ async def test_a_missing_name_while_the_lease_waits_withdraws_it() -> None:
     assert node.released == []
 
 
-@pytest.mark.parametrize(("reason", "raised"), [(RejectReason.RATE, Rejected), (RejectReason.QUEUE_FULL, NotFound)])
-async def test_a_missing_name_of_a_tenant_over_its_rate_is_429(reason: RejectReason, raised: type[Exception]) -> None:
+@pytest.mark.parametrize(("reason", "raised", "checked"), [(RejectReason.RATE, Rejected, False), (RejectReason.QUEUE_FULL, NotFound, True)])
+async def test_a_missing_name_of_a_tenant_over_its_rate_is_429(reason: RejectReason, raised: type[Exception], checked: bool) -> None:
+    """Refused for its rate, the lease's admission answers as the rate check would; refused for
+    anything else it took no rate token, so the rate is checked (and counted) as before."""
     node = _Node(refuse=Rejected(reason, "no", 1))
     fns = _Functions(node.events, exists=False)
     call = _call(_executor(node, fns), principal())
     await _until(lambda: "lease" in node.events)
     fns.found.set()
-    with pytest.raises(raised):  # as a read first then a rate check answered: 429 for the rate only
+    with pytest.raises(raised):
         await asyncio.wait_for(call, 5)
     assert node.released == []
+    assert ("check_rate" in node.events) is checked
+
+
+async def test_a_read_that_outlasts_the_grant_takes_a_fresh_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Granted more than half the grace before the read ended (a compile), the lease's backstop at
+    the supervisor could fall inside the run: it goes back unused and the call leases again."""
+    node = _Node()
+    fns = _Functions(node.events)
+    ex = _executor(node, fns)
+    monkeypatch.setattr(ex.settings, "hard_timeout_grace_ms", 20)
+    node.grant.set()
+    call = _call(ex, principal())
+    await _until(lambda: "lease" in node.events)
+    await asyncio.sleep(0.05)  # granted, and the read goes on past 10 ms
+    fns.found.set()
+    result = await asyncio.wait_for(call, 5)
+    assert result.stdout == b"in"
+    assert node.events == ["read", "lease", "read done", "lease", "exchange"]
+    assert node.released == [Outcome.UNUSED, Outcome.OK]
 
 
 async def test_a_name_known_missing_is_read_first_and_counted_against_the_rate() -> None:
