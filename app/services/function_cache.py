@@ -126,15 +126,21 @@ class FunctionCache:
 
     def known_missing(self, tenant_id: str, name: str) -> bool:
         """The name was read as missing lately (a lookup would raise NotFound without a read)."""
-        until = self._missing.get((tenant_id, name))
-        return until is not None and until > time.monotonic()
+        return self._missing_now((tenant_id, name), time.monotonic())
 
     def _check_missing(self, key: tuple[str, str], now: float) -> None:
+        if self._missing_now(key, now):
+            raise NotFound.of(f"function {key[1]!r}")
+
+    def _missing_now(self, key: tuple[str, str], now: float) -> bool:
+        """Remembered as missing and not expired (an expired entry is dropped)."""
         until = self._missing.get(key)
-        if until is not None:
-            if until > now:
-                raise NotFound.of(f"function {key[1]!r}")
-            del self._missing[key]
+        if until is None:
+            return False
+        if until > now:
+            return True
+        del self._missing[key]
+        return False
 
     def _note_missing(self, key: tuple[str, str]) -> None:
         self._missing.pop(key, None)

@@ -211,7 +211,7 @@ class Executor:
 
         def settle(task: asyncio.Task[Leased]) -> None:
             if not task.cancelled() and task.exception() is None:
-                self.node.release(task.result()[0], Outcome.UNUSED, "")
+                self.node.release(task.result().lease, Outcome.UNUSED, "")
 
         if ahead.done():
             settle(ahead)

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app.contract.errors import Rejected, RejectReason
-from app.contract.messages import Outcome, Principal, Result, Run, RunStatus
+from app.contract.messages import Outcome, Principal
 from app.errors import NotFound
 from app.observability.metrics import Metrics
 from app.observability.tracing import Tracing
@@ -25,17 +25,7 @@ from app.services.function_cache import FunctionMeta
 from app.services.invocations import Executor
 from app.settings import Settings
 from tests.helpers import principal
-
-
-@dataclass
-class _Lease:
-    events: list[str]
-    kernels_version: str = ""
-    wait_s: float = 0.0
-
-    async def exchange(self, run: Run, body: bytes, on_chunk: Any = None) -> tuple[Result, bytes]:
-        self.events.append("exchange")
-        return Result(status=RunStatus.OK, stdout_len=len(body)), body
+from tests.services.helpers import EchoLease
 
 
 @dataclass
@@ -51,17 +41,17 @@ class _Node:
     def routed(self, tenant_id: str) -> bool:
         return tenant_id in self.routed_tenants
 
-    async def lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> _Lease:
+    async def lease(self, principal: Principal, hard_timeout_s: float, traceparent: str | None, check_rate: bool) -> EchoLease:
         self.events.append("lease")
         if self.refuse is not None:  # refused at admission, before any wait
             raise self.refuse
         await self.grant.wait()
-        return _Lease(self.events)
+        return EchoLease(self.events)
 
-    def release(self, lease: _Lease, outcome: Outcome, kernels_version: str) -> None:
+    def release(self, lease: EchoLease, outcome: Outcome, kernels_version: str) -> None:
         self.released.append(outcome)
 
-    def turn(self, lease: _Lease) -> None:
+    def turn(self, lease: EchoLease) -> None:
         return None
 
     async def check_rate(self, principal: Principal) -> None:
@@ -116,6 +106,14 @@ async def _until(check: Any) -> None:
     raise AssertionError("not reached")
 
 
+async def _call_to_a_missing_name(node: _Node) -> tuple[asyncio.Task[Any], _Functions]:
+    """A first call to a name that does not exist: its lease asked, its read not ended yet."""
+    fns = _Functions(node.events, exists=False)
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "lease" in node.events)
+    return call, fns
+
+
 async def test_a_first_call_asks_for_its_lease_before_its_function_is_read() -> None:
     node = _Node()
     fns = _Functions(node.events)
@@ -159,9 +157,7 @@ async def test_a_missing_name_is_404_once_and_gives_its_lease_back_unused() -> N
 
 async def test_a_missing_name_while_the_lease_waits_withdraws_it() -> None:
     node = _Node()
-    fns = _Functions(node.events, exists=False)
-    call = _call(_executor(node, fns), principal())
-    await _until(lambda: "lease" in node.events)
+    call, fns = await _call_to_a_missing_name(node)
     fns.found.set()
     with pytest.raises(NotFound):
         await asyncio.wait_for(call, 5)
@@ -175,9 +171,7 @@ async def test_a_missing_name_of_a_tenant_over_its_rate_is_429(reason: RejectRea
     """Refused for its rate, the lease's admission answers as the rate check would; refused for
     anything else it took no rate token, so the rate is checked (and counted) as before."""
     node = _Node(refuse=Rejected(reason, "no", 1))
-    fns = _Functions(node.events, exists=False)
-    call = _call(_executor(node, fns), principal())
-    await _until(lambda: "lease" in node.events)
+    call, fns = await _call_to_a_missing_name(node)
     fns.found.set()
     with pytest.raises(raised):
         await asyncio.wait_for(call, 5)

@@ -10,22 +10,12 @@ from typing import Any
 
 import pytest
 
-from app.contract.messages import Outcome, Result, Run, RunStatus
+from app.contract.messages import Outcome, Run, RunStatus
 from app.observability.metrics import Metrics
 from app.scheduler.leases import KernelSet
 from app.services.invocations import Executor
 from tests.helpers import principal
-
-
-@dataclass
-class _Lease:
-    events: list[str]
-    kernels_version: str = ""
-    wait_s: float = 0.0
-
-    async def exchange(self, run: Run, body: bytes, on_chunk: Any = None) -> tuple[Result, bytes]:
-        self.events.append("exchange")
-        return Result(status=RunStatus.OK, stdout_len=len(body)), body
+from tests.services.helpers import EchoLease
 
 
 @dataclass
@@ -35,14 +25,14 @@ class _Node:
     events: list[str] = field(default_factory=list)
     turns: list[asyncio.Future[None]] = field(default_factory=list)
 
-    async def lease(self, *_: Any, **__: Any) -> _Lease:
+    async def lease(self, *_: Any, **__: Any) -> EchoLease:
         self.events.append("lease")
-        return _Lease(self.events)
+        return EchoLease(self.events)
 
-    def release(self, lease: _Lease, outcome: Outcome, kernels_version: str) -> None:
+    def release(self, lease: EchoLease, outcome: Outcome, kernels_version: str) -> None:
         self.events.append(f"release {outcome.value}")
 
-    def turn(self, lease: _Lease) -> asyncio.Future[None]:
+    def turn(self, lease: EchoLease) -> asyncio.Future[None]:
         self.events.append("turn")
         fut = asyncio.get_running_loop().create_future()
         self.turns.append(fut)
