@@ -97,9 +97,15 @@ class Settings(BaseSettings):
     cuda_max_connections: int = Field(default=1, ge=1, le=32)
     max_workers: int = 4
     warm_spares: int = 1
-    # Spares per device kept at most while new tenants arrive faster than one start per start
-    # time (the node keeps about arrival rate x start time + 1); warm_spares 0 keeps none.
-    max_warm_spares: int = Field(default=8, ge=0)
+    # Spares per device kept at most, from the node's room or while new tenants arrive faster
+    # than one start per start time (the node keeps about arrival rate x start time + 1);
+    # warm_spares 0 keeps none.
+    max_warm_spares: int = Field(default=32, ge=0)
+    # Of the worker slots no tenant holds, the share kept as ready spares (per device, within
+    # warm_spares..max_warm_spares): contexts come at the driver's pace, one after another, so
+    # only spares made beforehand bind new tenants that arrive back to back. 65 free slots on one
+    # GPU keep 32 (~18 GiB of an H200, given back to any tenant cap that needs it); 4 keep 2.
+    spare_room_share: float = Field(default=0.5, ge=0.0, le=1.0)
     # Worker slots only a tenant with nothing running may take: a tenant with calls running holds
     # at most max_workers - reserved_workers, so another tenant's call starts at once in a flood.
     reserved_workers: int = Field(default=1, ge=0)

@@ -61,6 +61,7 @@ def make_settings(database_url: str, data_dir: Path, **overrides: Any) -> Settin
         backend=os.environ.get("TENSORWASM_TEST_BACKEND", "cpu"),
         max_workers=4,
         warm_spares=1,
+        spare_room_share=0.0,  # tests count spares; the room's share is tested on its own
         record_flush_interval_s=0.05,
         queue_wait_ms=300,
         cache_ttl_s=2.0,

@@ -130,12 +130,15 @@ def setup_tenants(base: str, label: str, n: int, cfg: DensityConfig) -> list[dic
 
 
 def wait_spares(base: str, n: int, admin_token: str, timeout_s: float = 120) -> int:
-    """Wait until the node has `n` spare workers (or the timeout); returns how many it has."""
-    deadline, have = time.monotonic() + timeout_s, 0
+    """Wait until the node has `n` spare workers and has started all it keeps while idle (no start
+    under way in two looks, 0.2 s apart), or the timeout; returns how many spares it has."""
+    deadline, have, settled = time.monotonic() + timeout_s, 0, 0
     with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {admin_token}"}) as client:
         while time.monotonic() < deadline:
-            have = sum(1 for w in client.get("/v1/admin/workers").raise_for_status().json() if w["state"] == "spare")
-            if have >= n:
+            states = [w["state"] for w in client.get("/v1/admin/workers").raise_for_status().json()]
+            have = states.count("spare")
+            settled = settled + 1 if "starting" not in states else 0
+            if have >= n and settled >= 2:
                 break
             time.sleep(0.2)
     return have
@@ -159,7 +162,9 @@ async def _call(client: httpx.AsyncClient, headers: dict[str, str], tenant: int)
 async def bound_in_turn(base: str, keys: list[dict[str, str]]) -> dict[str, Any]:
     async with _async_client(base) as client:
         calls = [await _call(client, h, i) for i, h in enumerate(keys)]
-    return {"tenants": len(keys), "statuses": _statuses(calls), "cold_ms": _ms(calls)}
+    # each call's time in order too: which tenants found a spare ready and which waited for a start
+    in_order = [round(c.seconds * 1000, 1) for c in calls]
+    return {"tenants": len(keys), "statuses": _statuses(calls), "cold_ms": _ms(calls), "in_order_ms": in_order}
 
 
 async def all_at_once(base: str, keys: list[dict[str, str]]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ through `Hooks` when something changed, never importing it.
 Devices (app/scheduler/devices.py decides, this module acts): every GPU of the node is used, each
 worker pinned to one through its own CUDA_VISIBLE_DEVICES. At least `warm_spares` spares are kept
 per device, so the device a new tenant is placed on (the most free budget below its ceiling) has a
-spare ready, and a node with more GPUs keeps more ready; while new tenants arrive, up to
+spare ready, and a node with more GPUs keeps more ready; a share of the slots no tenant holds
+(`spare_room_share`) and, while new tenants arrive, up to
 `max_warm_spares` per device, as many as arrive within one measured start
 (app/scheduler/spares.py), within the free slots; at most `max_parallel_starts` workers
 start at once (the driver serialises context creation anyway); a failed start backs its device
@@ -37,7 +38,7 @@ from typing import Any
 from app.gpu.share import ShareTable
 from app.node.admission import AdmissionTable
 from app.scheduler.devices import Device, Inventory
-from app.scheduler.spares import ArrivalRate, StartTimes, spare_target, surge_rate
+from app.scheduler.spares import ArrivalRate, StartTimes, room_spares, spare_target, surge_rate
 from app.settings import Settings
 from app.worker.forkserver import ForkServer
 from app.worker.handle import StartRefused, WorkerHandle, WorkerState
@@ -164,9 +165,12 @@ class WorkerPool:
 
     # -- spares -----------------------------------------------------------------------------------
     def spare_target(self) -> int:
-        """Spares to keep per device now: `warm_spares`, more while new tenants arrive."""
+        """Spares to keep per device now: `warm_spares`, more while the node has room or new
+        tenants arrive."""
         s = self.settings
-        return spare_target(self.arrivals.rate(), self.start_times.typical(), len(self.devices), s.warm_spares, s.max_warm_spares)
+        held = sum(1 for w in self.alive() if w.tenant_id is not None)
+        room = room_spares(s.max_workers - held, len(self.devices), s.spare_room_share)
+        return spare_target(self.arrivals.rate(), self.start_times.typical(), len(self.devices), s.warm_spares, s.max_warm_spares, room)
 
     def spares_short(self) -> None:
         """A new tenant found no spare ready: keep twice as many ahead (within

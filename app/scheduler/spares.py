@@ -9,6 +9,11 @@ binds, and asks how long a start takes and how many spares to keep.
   second at once, and a node whose binds stop reads ~0 a few seconds later.
 - Spares kept per device: (rate x start time + 1) over the node, spread over its devices, at
   least `warm_spares` and at most `max_warm_spares` each (`warm_spares` 0 keeps none at all).
+- A node with room keeps some of it warm before anyone arrives: `spare_room_share` of the worker
+  slots no tenant holds, spread over its devices, within the same bounds. Starts come at the
+  driver's pace (one context after another per host), so new tenants arriving back to back bind
+  at once only while spares made beforehand last; the share shrinks as tenants take the slots, so
+  a full node keeps only `warm_spares`.
 - A new tenant that finds no spare ready is a measurement too: the spares kept were fewer than
   the tenants arriving. The rate is raised to the one that keeps twice as many (`surge_rate`),
   so a burst doubles the spares under way at each such call instead of waiting for its binds to
@@ -67,13 +72,24 @@ class ArrivalRate:
         self._at = now
 
 
-def spare_target(rate: float, start_s: float | None, devices: int, warm_spares: int, max_warm_spares: int) -> int:
+def room_spares(unheld_slots: int, devices: int, share: float) -> int:
+    """Spares per device kept from the node's room: `share` of the worker slots no tenant holds."""
+    return math.floor(max(0.0, share) * max(0, unheld_slots) / max(1, devices))
+
+
+def spare_target(
+    rate: float, start_s: float | None, devices: int, warm_spares: int, max_warm_spares: int, room: int = 0,
+) -> int:
     """Spares to keep per device: enough to bind the tenants that arrive while one start runs,
-    plus one, between `warm_spares` and `max_warm_spares` (the higher of the two bounds wins)."""
-    if warm_spares <= 0 or start_s is None:
-        return max(0, warm_spares)
-    node = 1 + math.ceil(max(0.0, rate * start_s - NOISE))  # a decaying rate never quite reaches 0
-    return max(warm_spares, min(max_warm_spares, math.ceil(node / max(1, devices))))
+    plus one, or `room` (`room_spares`) if more, between `warm_spares` and `max_warm_spares` (the
+    higher of the two bounds wins)."""
+    if warm_spares <= 0:
+        return 0
+    arriving = 0
+    if start_s is not None:
+        node = 1 + math.ceil(max(0.0, rate * start_s - NOISE))  # a decaying rate never quite reaches 0
+        arriving = math.ceil(node / max(1, devices))
+    return max(warm_spares, min(max_warm_spares, max(arriving, room)))
 
 
 def surge_rate(target: int, start_s: float, devices: int) -> float:

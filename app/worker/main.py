@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import heapq
 import hmac
 import itertools
@@ -131,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
     )
-    worker = _Worker(runner, host, memory, stats)
+    device = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace("/", "_")
+    warm_lock = os.open(cache_dir / f"warm-up-{device}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    worker = _Worker(runner, host, memory, stats, warm_lock)
     if args.socket is None:  # the in-process node: every message comes over the pipe
         while True:
             frame = read_frame(proto_in)
@@ -157,8 +160,12 @@ def _share(msg: Bind) -> Any:
 class _Worker:
     """One bound tenant, one guest at a time; answers control messages and runs."""
 
-    def __init__(self, runner: Any, host: Any, memory: Any, stats: Any) -> None:
+    def __init__(self, runner: Any, host: Any, memory: Any, stats: Any, warm_lock: int | None = None) -> None:
         self.runner, self.host, self.memory, self.stats = runner, host, memory, stats
+        # a descriptor every worker of the node on this device locks while it warms up (None: no
+        # turns): the driver makes the handles one after another, so spares that all came idle
+        # together would each hold a bind that found it mid-way for all of theirs, not one
+        self.warm_lock = warm_lock
         self.invocations = 0
         self.tenant_id: str | None = None
         self.worker_id = ""
@@ -177,14 +184,24 @@ class _Worker:
         self.warmed = False
         self.deferred_reported = False  # the page says a call used it
 
-    def do_deferred(self) -> None:
+    def do_deferred(self) -> bool:
         """The backend's deferred warm-up, once the worker has waited IDLE_WORK_AFTER_S for work
-        (a worker busy before then makes cuBLAS's handle at its tenant's first gemm instead)."""
+        (a worker busy before then makes cuBLAS's handle at its tenant's first gemm instead).
+        False, still deferred, while another worker on this device warms up: one at a time."""
+        if self.warm_lock is not None:
+            try:
+                fcntl.flock(self.warm_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
         self.deferred, self.warmed = False, True
         try:
             self.host.backend.warm_idle()
         except Exception as exc:  # the call that needs it makes it again, and fails there if it must
             logging.getLogger(__name__).warning("the backend's warm-up failed: %s", exc)
+        finally:
+            if self.warm_lock is not None:
+                fcntl.flock(self.warm_lock, fcntl.LOCK_UN)
+        return True
 
     def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:
         """Handle one message from the pipe; False when the worker should exit."""
@@ -293,6 +310,8 @@ class _Worker:
 # A worker with nothing to do this long does its deferred warm-up: long enough that a spare bound
 # within a burst of new tenants is not found busy with it (at 50 ms, the bound-in-turn p50 doubled)
 IDLE_WORK_AFTER_S = 1.0
+# and tries again this much later while another worker on its device warms up (~0.1 s each)
+WARM_TURN_S = 0.2
 
 
 def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str) -> int:
@@ -348,11 +367,14 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
         except (ProtocolError, OSError):  # the front went away mid-frame
             drop(fd)
 
+    idle_for = IDLE_WORK_AFTER_S
     try:
         while True:
-            events = sel.select(0 if waiting else (IDLE_WORK_AFTER_S if worker.deferred else None))
+            events = sel.select(0 if waiting else (idle_for if worker.deferred else None))
             if not events and not waiting and worker.deferred:
-                worker.do_deferred()
+                idle_for = IDLE_WORK_AFTER_S if worker.do_deferred() else WARM_TURN_S
+            elif events:
+                idle_for = IDLE_WORK_AFTER_S  # its idle time counts again from here
             for key, _ in events:
                 if key.fileobj is proto_in:
                     frame = read_frame(proto_in)

@@ -14,7 +14,7 @@ import pytest
 from app.contract.messages import Outcome
 from app.scheduler.devices import Device, Inventory
 from app.scheduler.scheduler import Scheduler
-from app.scheduler.spares import ArrivalRate, StartTimes, spare_target, surge_rate
+from app.scheduler.spares import ArrivalRate, StartTimes, room_spares, spare_target, surge_rate
 from app.worker.handle import WorkerState
 from tests.helpers import fake_node, fake_workers, principal, until
 
@@ -61,6 +61,17 @@ def test_the_target_stays_between_warm_spares_and_max_warm_spares() -> None:
     assert spare_target(10.0, None, 1, warm_spares=2, max_warm_spares=8) == 2  # no start measured yet
     assert spare_target(100.0, 0.5, 1, warm_spares=3, max_warm_spares=1) == 3  # warm_spares wins
     assert spare_target(100.0, 0.5, 1, warm_spares=0, max_warm_spares=8) == 0  # none kept at all
+
+
+def test_a_share_of_the_room_is_kept_warm_within_the_same_bounds() -> None:
+    assert room_spares(64, 1, 0.25) == 16
+    assert room_spares(64, 2, 0.25) == 8  # spread over the devices
+    assert room_spares(4, 1, 0.25) == 1 and room_spares(3, 1, 0.25) == 0
+    assert room_spares(-2, 1, 0.25) == 0 and room_spares(64, 1, 0.0) == 0
+    assert spare_target(0.0, None, 1, warm_spares=1, max_warm_spares=16, room=16) == 16  # before any start
+    assert spare_target(0.0, 0.5, 1, warm_spares=1, max_warm_spares=8, room=16) == 8  # max_warm_spares
+    assert spare_target(10.0, 0.5, 1, warm_spares=1, max_warm_spares=16, room=2) == 6  # arrivals above the room
+    assert spare_target(0.0, 0.5, 1, warm_spares=0, max_warm_spares=16, room=16) == 0  # none kept at all
 
 
 def test_the_surge_rate_keeps_twice_the_spares() -> None:
@@ -156,3 +167,34 @@ async def test_each_new_tenant_that_finds_no_spare_doubles_the_spares_kept(tmp_p
         for t in (second, third, fourth):
             await asyncio.wait_for(t, 5)
         await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 6, "six spares ready", 5)
+
+
+async def test_an_idle_node_keeps_a_share_of_its_free_slots_warm_and_less_as_tenants_take_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_workers(monkeypatch, seconds=0.02)
+    async with fake_node(tmp_path, max_workers=20, warm_spares=1, max_warm_spares=16, spare_room_share=0.25, retire_idle_after_s=0) as s:
+        clock = Clock()  # no arrivals: only the room's share counts
+        s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=clock)
+        assert s.pool.spare_target() == 5  # a quarter of 20 slots
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 5, "five spares ready", 5)
+        leases = []
+        for _ in range(12):  # twelve tenants take slots: a quarter of the 8 left
+            await until(lambda: any(w.state == WorkerState.SPARE for w in s.workers), "a spare ready", 5)
+            leases.append(await s.lease(principal()))
+        s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=clock)  # forget the binds' arrivals
+        assert s.pool.spare_target() == 2
+        await until(lambda: _spares(s)[0] == 2, "the spares past the room's share retired", 5)
+        for lease in leases:
+            s.release(lease, Outcome.OK)
+        assert s.pool.spare_target() == 2  # bound idle tenants still hold their slots
+
+
+async def test_no_room_share_keeps_warm_spares_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_workers(monkeypatch, seconds=0.02)
+    async with fake_node(tmp_path, max_workers=20, warm_spares=1, max_warm_spares=16, spare_room_share=0.0) as s:
+        s.pool.arrivals = ArrivalRate(tau_s=1.0, clock=Clock())
+        assert s.pool.spare_target() == 1
+        await until(lambda: _spares(s)[0] == 1, "one spare", 5)
+        await asyncio.sleep(0.1)
+        assert _spares(s)[0] == 1

@@ -5,6 +5,7 @@ a call that used it is noted on the worker's page once."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
 import os
@@ -127,3 +128,51 @@ def test_a_call_that_used_the_deferred_set_up_is_noted_on_the_page_once() -> Non
     worker.stats.fields["deferred_used"] = 0
     worker.run(run, b"", io.BytesIO())
     assert worker.stats.fields["deferred_used"] == 0  # noted once, not at every call
+
+
+def test_workers_of_a_device_warm_up_one_at_a_time(tmp_path: Path) -> None:
+    """The driver makes handles one after another: a spare that finds another warming up waits
+    its turn (still deferred) rather than queue at the driver behind it."""
+    lock = tmp_path / "warm-up-0.lock"
+    fds = [os.open(lock, os.O_RDWR | os.O_CREAT) for _ in range(2)]
+    calls: list[str] = []
+    second = _worker(lambda: calls.append("second"))
+    second.warm_lock = fds[1]
+
+    def first_warms() -> None:
+        assert not second.do_deferred()  # the first holds the device's turn
+        calls.append("first")
+
+    first = _worker(first_warms)
+    first.warm_lock = fds[0]
+    assert first.do_deferred()
+    assert calls == ["first"] and second.deferred and not second.warmed
+    assert second.do_deferred()  # its turn now
+    assert calls == ["first", "second"] and not second.deferred
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_worker_whose_turn_is_taken_tries_again_soon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(main, "WARM_TURN_S", IDLE_S)
+    lock = tmp_path / "warm-up-0.lock"
+    held = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another worker warming up
+    calls: list[float] = []
+    worker = _worker(lambda: calls.append(time.monotonic()))
+    worker.warm_lock = os.open(lock, os.O_RDWR)
+    r, w = os.pipe()
+    t = threading.Thread(target=_serve_fronts, args=(worker, os.fdopen(r, "rb"), io.BytesIO(), str(tmp_path / "w.sock")), daemon=True)
+    t.start()
+    time.sleep(6 * IDLE_S)
+    assert calls == [] and worker.deferred
+    fcntl.flock(held, fcntl.LOCK_UN)
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(calls) == 1 and not worker.deferred
+    os.close(w)
+    t.join(5)
+    assert not t.is_alive()
+    os.close(held)
+    os.close(worker.warm_lock)
