@@ -59,3 +59,20 @@ async def test_a_batch_stores_what_sqlalchemy_stores(database_url: str) -> None:
             assert [getattr(read[0], c) for c in columns] == [getattr(read[1], c) for c in columns]
             assert read[0].started_at == _NOW and read[0].created_at == _NOW
     await engine.dispose()
+
+
+def test_batches_built_in_pieces_join_one_statement_per_shape() -> None:
+    from sqlalchemy.dialects import sqlite
+
+    from app.db.repositories.record_batches import RecordBatch
+
+    now = datetime.now(UTC)
+    sync = {"id": "a", "tenant_id": "t", "function": "f", "created_at": now, "status": "succeeded"}
+    other = {"id": "b", "tenant_id": "t", "function": "f", "created_at": now}
+    dialect = sqlite.dialect(paramstyle="qmark")
+    whole = RecordBatch()
+    for piece in ([sync, other], [{**sync, "id": "c"}], [{**other, "id": "d"}, {**sync, "id": "e"}]):
+        whole.extend(record_batch(piece, dialect))
+    assert [len(values) for _sql, values in whole.statements] == [3, 2]
+    assert [v[0] for v in whole.statements[0][1]] == ["a", "c", "e"]
+    assert whole.statements == record_batch([sync, {**sync, "id": "c"}, {**sync, "id": "e"}, other, {**other, "id": "d"}], dialect).statements

@@ -90,8 +90,9 @@ async def test_records_of_different_shapes_in_one_batch(database_url: str) -> No
 
 
 async def test_a_backlog_is_built_in_pieces_and_written_in_one_transaction(client, platform, monkeypatch) -> None:
-    """A large batch (a backlog after the database was out of reach) has its values built 500
-    rows a piece, the front's loop free between pieces, and every row lands in one commit."""
+    """A batch has its values built a piece at a time (records._CHUNK rows), the front's loop
+    free between pieces; the pieces join one statement per shape of row, and every row lands in
+    one commit."""
     from app.db.repositories.invocations import InvocationRepository
     from app.services import records
 
@@ -107,10 +108,13 @@ async def test_a_backlog_is_built_in_pieces_and_written_in_one_transaction(clien
     commits = 0
     real_write = InvocationRecorder._write
 
-    async def write(self, touched, rows, batches, landed):  # type: ignore[no-untyped-def]
+    statements: list[int] = []
+
+    async def write(self, touched, rows, batch, landed):  # type: ignore[no-untyped-def]
         nonlocal commits
         commits += 1
-        return await real_write(self, touched, rows, batches, landed)
+        statements.extend(len(values) for _sql, values in batch.statements)
+        return await real_write(self, touched, rows, batch, landed)
 
     monkeypatch.setattr(InvocationRecorder, "_write", write)
     rec = InvocationRecorder(platform.sessionmaker, 60, 10_000)
@@ -120,7 +124,8 @@ async def test_a_backlog_is_built_in_pieces_and_written_in_one_transaction(clien
     for i in ids:
         rec.record({**base, "id": i, "created_at": now, "tenant_id": tid})
     await rec.flush()
-    assert pieces == [500, 500, 200] and commits == 1 and not rec._pending
+    assert pieces == [records._CHUNK] * (1200 // records._CHUNK) and commits == 1 and not rec._pending
+    assert statements == [1200]  # one executemany
     async with platform.sessionmaker() as s:
         repo = InvocationRepository(s, tid)
         assert all([await repo.get(i) is not None for i in ids])

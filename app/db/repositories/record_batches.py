@@ -64,6 +64,18 @@ class RecordBatch:
     statements: list[tuple[str, list[tuple[Any, ...]]]] = field(default_factory=list)
     other: list[dict[str, Any]] = field(default_factory=list)
 
+    def extend(self, more: RecordBatch) -> None:
+        """`more`'s rows added: those of a statement this batch has join its values (one
+        executemany per shape however many pieces the rows were built in)."""
+        values = dict(self.statements)  # the same lists: extended in place
+        for sql, rows in more.statements:
+            if sql in values:
+                values[sql].extend(rows)
+            else:
+                self.statements.append((sql, rows))
+                values[sql] = rows
+        self.other.extend(more.other)
+
 
 def record_batch(rows: Iterable[dict[str, Any]], dialect: Dialect) -> RecordBatch:
     mark = _MARKS.get(dialect.paramstyle or "")
