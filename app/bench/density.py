@@ -4,9 +4,10 @@ Each phase drives a real node over HTTP with an echo guest, one tenant per API k
 
 - bound: `bound_tenants` tenants called once each, one after another, on a node with a worker for
   every one of them: the cold call (the bind of a worker to the tenant included). The calls start
-  once the node's `bound_spares` spares are ready; with neither `bound_spares` nor `spares` given
-  the node keeps its default spares (and those it keeps ahead of arriving tenants), and the calls
-  start once one is ready.
+  once the node's `bound_spares` spares are ready (exactly that many: the room's share is off);
+  with neither `bound_spares` nor `spares` given the node keeps its default spares (its room's
+  share, and those it keeps ahead of arriving tenants), and the calls start once it has started
+  all it keeps while idle.
 - burst: the same tenants' calls fired all at once, each to its bound worker.
 - churn: more tenants than workers, `clients` callers picking a tenant at random per call: the
   goodput, and the tenant switch rate (binds per second, from the node's bind histogram) against
@@ -357,8 +358,9 @@ def _node(cfg: DensityConfig, max_workers: int, spares: int | None = None, **env
         yield cfg.url
         return
     warm = cfg.spares if spares is None else spares
-    if warm:  # else the node's default
+    if warm:  # else the node's default (its room's share among them)
         env["TENSORWASM_WARM_SPARES"] = str(warm)
+        env["TENSORWASM_SPARE_ROOM_SHARE"] = "0"  # as many as asked for, not the room's share
     with server(
         TENSORWASM_BACKEND=cfg.backend, TENSORWASM_MAX_WORKERS=str(max_workers), TENSORWASM_QUEUE_WAIT_MS=str(cfg.queue_wait_ms), **env,
     ) as base:

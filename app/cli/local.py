@@ -157,7 +157,7 @@ def bench_guest_call(backends: str, calls: int, as_json: bool) -> None:
 @click.option("--ceiling", type=int, default=8, show_default=True, help="TENSORWASM_MAX_CONTEXTS_PER_DEVICE of the ceiling node")
 @click.option("--ceiling-tenants", type=int, default=24, show_default=True, help="tenants called at once past the ceiling")
 @click.option("--ceiling-rounds", type=int, default=3, show_default=True, help="rounds of those calls")
-@click.option("--spares", type=int, default=0, help="TENSORWASM_WARM_SPARES of each node (default: the node's own)")
+@click.option("--spares", type=int, default=0, help="TENSORWASM_WARM_SPARES of each node, the room's share off (default: the node's own)")
 @click.option(
     "--bound-spares", type=int, default=0,
     help="TENSORWASM_WARM_SPARES of the bound node, whose phase starts once that many are ready (default: --spares)",

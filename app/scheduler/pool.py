@@ -164,30 +164,44 @@ class WorkerPool:
         return max(0, min(room, self.settings.max_parallel_starts - self._starting()))
 
     # -- spares -----------------------------------------------------------------------------------
-    def spare_target(self) -> int:
-        """Spares to keep per device now: `warm_spares`, more while the node has room or new
-        tenants arrive."""
+    def spare_target(self, room: bool = True) -> int:
+        """Spares to keep per device now: `warm_spares`, more while the node has room (`room`:
+        counted) or new tenants arrive."""
         s = self.settings
+        share = self.room_share() if room else 0
+        return spare_target(self.arrivals.rate(), self.start_times.typical(), len(self.devices), s.warm_spares, s.max_warm_spares, share)
+
+    def room_share(self) -> int:
+        """Spares per device from the node's room: `spare_room_share` of the slots no tenant
+        holds, the slots being `max_workers` or, if fewer, the contexts its devices may hold."""
+        s = self.settings
+        slots = s.max_workers
+        if all(d.ceiling for d in self.devices.devices):
+            slots = min(slots, sum(d.ceiling for d in self.devices.devices))
         held = sum(1 for w in self.alive() if w.tenant_id is not None)
-        room = room_spares(s.max_workers - held, len(self.devices), s.spare_room_share)
-        return spare_target(self.arrivals.rate(), self.start_times.typical(), len(self.devices), s.warm_spares, s.max_warm_spares, room)
+        return room_spares(slots - held, len(self.devices), s.spare_room_share)
 
     def spares_short(self) -> None:
-        """A new tenant found no spare ready: keep twice as many ahead (within
-        `max_warm_spares`) while the arrivals last, and start them now."""
+        """A new tenant found no spare ready: keep twice as many ahead of arrivals (within
+        `max_warm_spares`) while they last, and start them now. The arrivals' part alone is
+        doubled: the room's share is no measure of them."""
         typical = self.start_times.typical()
         if typical and self.settings.warm_spares > 0:
-            self.arrivals.at_least(surge_rate(self.spare_target(), typical, len(self.devices)))
+            self.arrivals.at_least(surge_rate(self.spare_target(room=False), typical, len(self.devices)))
         self.ensure_spares()
 
+    def any_spare(self) -> bool:
+        return any(w.state == WorkerState.SPARE for w in self.workers)
+
     def _may_keep_spare(self, d: Device, have: int) -> bool:
-        """Below `warm_spares` a spare starts wherever a context may; one kept for arrivals to come
-        also leaves room for the largest cap a call waits with now (spares must not take the
-        budget a waiting tenant needs: `spare_gives_way`)."""
+        """Below `warm_spares` a spare starts wherever a context may; one kept for the room's
+        share or for arrivals to come also leaves room for the largest cap a call waits with now,
+        and for a new tenant's default cap (spares must not take the budget a tenant needs:
+        `spare_gives_way`)."""
         if have < self.settings.warm_spares:
             return self.devices.can_start(d)
-        held = self.devices.overhead + max(self.waiting_caps) if self.waiting_caps else 0
-        return self.devices.can_start(d, held)
+        cap = max(max(self.waiting_caps, default=0), self.settings.default_gpu_memory_bytes)
+        return self.devices.can_start(d, self.devices.overhead + cap)
 
     def ensure_spares(self) -> None:
         """`spare_target` spare or starting workers on each device that may start one."""
@@ -207,9 +221,9 @@ class WorkerPool:
         self._free_slot_ahead()
 
     def trim_spares(self) -> None:
-        """Spares past the target (new tenants stopped arriving) that have waited longer than
-        `retire_idle_after_s` are retired, the oldest first: an idle node goes back to
-        `warm_spares` per device and holds no context it does not expect to use."""
+        """Spares past the target (new tenants stopped arriving, or tenants took the room) that
+        have waited longer than `retire_idle_after_s` are retired, the oldest first: an idle node
+        goes back to its room's share (at least `warm_spares`) per device."""
         target = self.spare_target()
         quiet_since = time.monotonic() - self.settings.retire_idle_after_s
         trimmed = False
@@ -276,6 +290,10 @@ class WorkerPool:
             if device is not None:
                 self.spawn(device)
                 return Progress.PENDING
+        # A spare kept ahead of need whose budget the cap needs gives way before any tenant's
+        # worker does.
+        if self.spare_gives_way(cap):
+            return Progress.AGAIN
         # Every slot taken: make room for one more start while fewer are under way than calls
         # wait and the parallel-start bound allows, so the driver always has the next context
         # to create (starts one after another would leave it idle between them).
@@ -283,8 +301,6 @@ class WorkerPool:
             return Progress.AGAIN
         if starting or any(w.retire_reason and w.state != WorkerState.DEAD for w in self.workers):
             return Progress.PENDING  # a start, or a drained worker's slot, is on its way
-        if self.spare_gives_way(cap):
-            return Progress.AGAIN
         if self.hooks.give_up_worker(exclude) or self.rotate_one(exclude, cap):
             return Progress.PENDING
         return Progress.NONE

@@ -397,8 +397,8 @@ class Scheduler:
                             self.pool.arrivals.note()
                         self._routes_changed(ts.principal.id)
                         return spare
-                    if not short and not ts.workers:
-                        short = True  # once a call: a new tenant found no spare ready
+                    if not short and not ts.workers and not self.pool.any_spare():
+                        short = True  # once a call: a new tenant found no spare ready (not: none that fits its cap)
                         self.pool.spares_short()
                     eta = self.pool.start_eta(cap)
                     if eta is not None and eta > deadline:

@@ -74,7 +74,7 @@ class ArrivalRate:
 
 def room_spares(unheld_slots: int, devices: int, share: float) -> int:
     """Spares per device kept from the node's room: `share` of the worker slots no tenant holds."""
-    return math.floor(max(0.0, share) * max(0, unheld_slots) / max(1, devices))
+    return math.floor(max(0.0, share) * max(0, unheld_slots) / max(1, devices) + 1e-9)  # 0.29 x 100 is 28.999...
 
 
 def spare_target(

@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = GuestRunner(make_engine(memory), ArtifactCache(cache_dir), host, args.tick_ms, memory)
     runner.warm_up()
     memory.scrub()
+    warm_lock = _warm_lock(cache_dir)
     info = backend.info
     write_frame(
         proto_out,
@@ -132,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
     )
-    device = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace("/", "_")
-    warm_lock = os.open(cache_dir / f"warm-up-{device}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     worker = _Worker(runner, host, memory, stats, warm_lock)
     if args.socket is None:  # the in-process node: every message comes over the pipe
         while True:
@@ -141,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
             if frame is None or not worker.control(frame[0], frame[1], proto_out):
                 return 0
     return _serve_fronts(worker, proto_in, proto_out, args.socket)
+
+
+def _warm_lock(cache_dir: Path) -> int | None:
+    """The descriptor of this device's warm-up turns (see `_Worker.warm_lock`); None where the
+    file cannot be opened (a read-only cache dir): warm-ups then take no turns."""
+    device = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace("/", "_")
+    try:
+        return os.open(cache_dir / f"warm-up-{device}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("warm-ups take no turns: %s", exc)
+        return None
 
 
 def _share(msg: Bind) -> Any:
@@ -188,19 +198,23 @@ class _Worker:
         """The backend's deferred warm-up, once the worker has waited IDLE_WORK_AFTER_S for work
         (a worker busy before then makes cuBLAS's handle at its tenant's first gemm instead).
         False, still deferred, while another worker on this device warms up: one at a time."""
+        locked = False
         if self.warm_lock is not None:
             try:
                 fcntl.flock(self.warm_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
             except BlockingIOError:
                 return False
+            except OSError:  # no locks on this file system: warm up without taking turns
+                pass
         self.deferred, self.warmed = False, True
         try:
             self.host.backend.warm_idle()
         except Exception as exc:  # the call that needs it makes it again, and fails there if it must
             logging.getLogger(__name__).warning("the backend's warm-up failed: %s", exc)
         finally:
-            if self.warm_lock is not None:
-                fcntl.flock(self.warm_lock, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(cast(int, self.warm_lock), fcntl.LOCK_UN)
         return True
 
     def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:

@@ -135,7 +135,9 @@ async def test_extra_spares_give_way_to_a_tenant_whose_cap_needs_their_budget(tm
     fake_workers(monkeypatch, seconds=0.02)
     clock = Clock()
     devices = Inventory([Device(0, "0", budget_bytes=1000 * MIB, name="fake0")], 100 * MIB)
-    async with fake_node(tmp_path, devices=devices, max_workers=20, warm_spares=1, max_warm_spares=8, queue_wait_ms=300) as s:
+    async with fake_node(
+        tmp_path, devices=devices, max_workers=20, warm_spares=1, max_warm_spares=8, queue_wait_ms=300, default_gpu_memory_bytes=100 * MIB,
+    ) as s:
         _burst(s, clock, 1000)
         s.pool.ensure_spares()
         await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 8, "eight spares in the budget", 5)
@@ -198,3 +200,39 @@ async def test_no_room_share_keeps_warm_spares_only(tmp_path: Path, monkeypatch:
         await until(lambda: _spares(s)[0] == 1, "one spare", 5)
         await asyncio.sleep(0.1)
         assert _spares(s)[0] == 1
+
+
+async def test_spares_kept_for_the_room_give_way_before_a_tenants_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The room's spares fill a device's budget but for a new tenant's default cap; a tenant whose
+    cap needs more takes it from them, never from another tenant's idle worker."""
+    fake_workers(monkeypatch, seconds=0.02)
+    devices = Inventory([Device(0, "0", budget_bytes=1000 * MIB, name="fake0")], 100 * MIB)
+    async with fake_node(
+        tmp_path, devices=devices, max_workers=20, warm_spares=1, max_warm_spares=16, spare_room_share=0.5,
+        default_gpu_memory_bytes=100 * MIB, queue_wait_ms=300,
+    ) as s:
+        await until(lambda: not any(w.state == WorkerState.STARTING for w in s.workers), "the spares started", 5)
+        assert sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 8  # 8 x 100 MiB + room for 100 + its context
+        a, b = principal(gpu_memory_bytes=300 * MIB), principal(gpu_memory_bytes=300 * MIB)
+        lease = await s.lease(a)
+        s.release(lease, Outcome.OK)
+        lease = await s.lease(b)
+        s.release(lease, Outcome.OK)
+        assert s.restarts["evicted"] == 0 and s.restarts["surplus_spare"] >= 1
+        assert {w.tenant_id for w in s.workers if w.state == WorkerState.IDLE} == {a.id, b.id}
+        await until(lambda: not any(w.state == WorkerState.STARTING for w in s.workers), "no start under way", 5)
+        assert s.devices[0].committed_bytes <= 1000 * MIB
+
+
+def test_a_new_tenant_short_of_a_spare_doubles_the_arrivals_part_not_the_rooms(tmp_path: Path) -> None:
+    from app.scheduler.pool import WorkerPool
+    from tests.helpers import make_settings
+
+    settings = make_settings("sqlite://", tmp_path, max_workers=40, warm_spares=1, max_warm_spares=32, spare_room_share=0.5)
+    pool = WorkerPool(settings, Inventory.cpu(settings.context_overhead_bytes), factory=lambda d: None)  # type: ignore[arg-type,return-value]
+    pool.arrivals = ArrivalRate(tau_s=1.0, clock=Clock())
+    pool.start_times.add(0.4)
+    pool._closed = True  # counts only: nothing starts
+    assert pool.spare_target() == 20 and pool.spare_target(room=False) == 1
+    pool.spares_short()
+    assert pool.spare_target(room=False) == 2 and pool.spare_target() == 20

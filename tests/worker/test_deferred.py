@@ -166,13 +166,41 @@ def test_a_worker_whose_turn_is_taken_tries_again_soon(tmp_path: Path, monkeypat
     t.start()
     time.sleep(6 * IDLE_S)
     assert calls == [] and worker.deferred
+    monkeypatch.setattr(main, "IDLE_WORK_AFTER_S", 30.0)  # only the turn's retry can warm it now
     fcntl.flock(held, fcntl.LOCK_UN)
-    deadline = time.monotonic() + 5
+    unlocked = time.monotonic()
+    deadline = unlocked + 5
     while not calls and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(calls) == 1 and not worker.deferred
+    assert calls[0] - unlocked < 1.0
     os.close(w)
     t.join(5)
     assert not t.is_alive()
     os.close(held)
+    os.close(worker.warm_lock)
+
+
+def test_warm_ups_take_no_turns_where_the_lock_cannot_be_had(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only cache dir, or a file system without locks: the worker warms up all the same."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):  # root writes anyway: the open cannot fail here
+            assert main._warm_lock(ro) is not None
+        else:
+            assert main._warm_lock(ro) is None
+    finally:
+        ro.chmod(0o700)
+    calls: list[int] = []
+    worker = _worker(lambda: calls.append(1))
+    worker.warm_lock = os.open(tmp_path / "warm-up-0.lock", os.O_RDWR | os.O_CREAT)
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(main.fcntl, "flock", no_locks)
+    assert worker.do_deferred()
+    assert calls == [1] and not worker.deferred
     os.close(worker.warm_lock)
