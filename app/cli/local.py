@@ -203,6 +203,10 @@ def bench_gpu() -> None:
 @click.option("--device", default="", help="the one CUDA_VISIBLE_DEVICES entry the node gets (default: this shell's first, or 0)")
 @click.option("--server-root", help="serve the code of this checkout instead (a baseline)")
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="also run H alone and V beside H on a node with the share off")
+@click.option(
+    "--h-rounds", type=click.IntRange(min=0), default=3, show_default=True,
+    help="rounds of H alone alternated (1:1, weighted, share off), whose medians the H-alone bounds are judged on (0: the single phases)",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="also write the results here")
 def bench_gpu_share(json_path: Path | None, **opts: Any) -> None:
     """GPU time per tenant: a small tenant beside one that fills the GPU, weights 1:1 and 3:1 (needs a GPU)."""

@@ -257,3 +257,45 @@ async def test_warm_binds_a_worker_per_call_in_flight_and_weights_are_patched() 
         assert where == {"H": [0, 0, 0], "V": [0]} and node.calls == 8  # two rounds
         await gs.set_weight(c, V, 3, "t")
     assert node.weights == {"id-v": 3}
+
+
+def test_the_h_alone_bounds_are_judged_on_the_medians_of_the_alternated_rounds() -> None:
+    res = phases(h_weighted=30, h_off=50)  # one window each: 25 % fewer at 3:1, 21 % fewer than off
+    assert [x["ok"] for x in gs.targets(res)][2:] == [False, False]
+    res["h_rounds"] = {gs.ROUND_EQUAL: [40.0, 44.0, 41.0], gs.ROUND_WEIGHTED: [42.0, 39.0, 40.5], gs.ROUND_OFF: [41.5, 40.0, 45.0]}
+    r = gs.ratios(res)
+    assert r["h_alone_drop"] == round(1 - 40.5 / 41.0, 3)
+    assert r["h_alone_drop_vs_off"] == round(1 - 40.75 / 41.5, 3)  # the median of all six windows with the share on
+    assert [x["ok"] for x in gs.targets(res)] == [True, True, True, True]
+    assert "H alone, alternated rounds, calls/s (the drops below are of their medians): 1:1 40.0 44.0 41.0; 3:1 42.0 39.0 40.5; off 41.5 40.0 45.0" in gs.report(res)
+
+
+async def test_alternated_rounds_go_from_setting_to_setting_each_round_one_step_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    on, off = FakeNode(call_s=0.005), FakeNode(call_s=0.005)
+    patched: list[int] = []
+    handle = on.handle
+
+    async def recording(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/quota"):
+            patched.append(json.loads(request.content)["gpu_weight"])
+        return await handle(request)
+
+    on.handle = recording  # type: ignore[method-assign]
+    phases_seen: list[str] = []
+    real_phase = gs._phase
+
+    async def phase(c: httpx.AsyncClient, cfg: gs.GpuShareConfig, tenants: list[Tenant], name: str, loads: list[Load]) -> dict[str, Any]:
+        phases_seen.append(name)
+        return await real_phase(c, cfg, tenants, name, loads)
+
+    monkeypatch.setattr(gs, "_client", lambda base: client({"on": on, "off": off}[base]))
+    monkeypatch.setattr(gs, "_phase", phase)
+    cfg = gs.GpuShareConfig(seconds=0.15, settle_s=0.05, heavy_calls=2, h_rounds=3, victim_weight=3)
+    out = await gs.alternate("on", "off", cfg, (H, V), H, blocks=8)
+    assert {k: len(v) for k, v in out.items()} == {gs.ROUND_EQUAL: 3, gs.ROUND_WEIGHTED: 3, gs.ROUND_OFF: 3}
+    assert all(x > 0 for xs in out.values() for x in xs)
+    assert [n.split(",")[1].strip() for n in phases_seen] == [
+        "on_1_1", "on_weighted", "off", "on_weighted", "off", "on_1_1", "off", "on_1_1", "on_weighted",
+    ]
+    assert patched == [1, 3, 3, 1, 1, 3]  # V's weight set before each window on the node with the share
+    assert on.weights == {"id-v": 3} and off.weights == {}
