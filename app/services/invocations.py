@@ -211,13 +211,17 @@ class Executor:
 
         def settle(task: asyncio.Task[Leased]) -> None:
             if not task.cancelled() and task.exception() is None:
-                self.node.release(task.result().lease, Outcome.UNUSED, "")
+                self._give_back(task.result())
 
         if ahead.done():
             settle(ahead)
         else:
             ahead.cancel()
             ahead.add_done_callback(settle)
+
+    def _give_back(self, leased: Leased) -> None:
+        """A lease asked ahead that no run will use."""
+        self.node.release(leased.lease, Outcome.UNUSED, "")
 
     async def execute(
         self, tenant: Principal, name: str, invocation_id: str, body: bytes, query: str, content_type: str,
@@ -234,14 +238,14 @@ class Executor:
                 # the read outlasted the grant (a compile, a bundle unpacked): the supervisor's
                 # backstop for this lease, counted from its grant with the tenant's time limit,
                 # could fall inside the run, so the call takes a fresh lease
-                self.node.release(leased.lease, Outcome.UNUSED, "")
+                self._give_back(leased)
                 leased = None
         t = clock()
         try:
             run = build_run(self.settings, tenant, meta, name, invocation_id, query, content_type, args)
         except BaseException:
             if leased is not None:  # held from before the read: nothing else gives it back
-                self.node.release(leased.lease, Outcome.UNUSED, "")
+                self._give_back(leased)
             raise
         run.stream = on_chunk is not None
         run.kernels_version = kernels.version

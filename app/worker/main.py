@@ -198,11 +198,11 @@ class _Worker:
         """The backend's deferred warm-up, once the worker has waited IDLE_WORK_AFTER_S for work
         (a worker busy before then makes cuBLAS's handle at its tenant's first gemm instead).
         False, still deferred, while another worker on this device warms up: one at a time."""
-        locked = False
+        held: int | None = None  # the lock, once taken
         if self.warm_lock is not None:
             try:
                 fcntl.flock(self.warm_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
+                held = self.warm_lock
             except BlockingIOError:
                 return False
             except OSError:  # no locks on this file system: warm up without taking turns
@@ -213,8 +213,8 @@ class _Worker:
         except Exception as exc:  # the call that needs it makes it again, and fails there if it must
             logging.getLogger(__name__).warning("the backend's warm-up failed: %s", exc)
         finally:
-            if locked:
-                fcntl.flock(cast(int, self.warm_lock), fcntl.LOCK_UN)
+            if held is not None:
+                fcntl.flock(held, fcntl.LOCK_UN)
         return True
 
     def control(self, msg: WorkerMessage, body: bytes, out: BinaryIO) -> bool:
