@@ -93,7 +93,7 @@ async def _slow_heads(port: int, count: int, within: float) -> list[float]:
         t0 = time.monotonic()
         writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
         try:
-            async with asyncio.timeout(HEAD_TIMEOUT_S * 3):
+            async with asyncio.timeout(HEAD_TIMEOUT_S * 4):  # past any bound below: a head never closed fails there
                 while await reader.read(4096):
                     pass
         finally:
@@ -144,12 +144,14 @@ async def test_twenty_thousand_slow_heads_leave_the_node_answering(node: tuple[A
     assert len(took) >= (10 if MANY_CORES else 6) and max(took) < 5.0 and typical, (sorted(took)[-5:], len(took), reports)
     assert sum(r["opened"] for r in reports) >= 20_000, reports
     # the node closes a slow head the head time after its accept (the attackers' own view of it is
-    # late by their loops' lag, seconds on a busy host: measured here, from a quiet loop). A front
-    # closing thousands of expired heads at once, on 2 cores it shares with the attackers, runs
-    # its timers late: 1.47 s and 2.26 s seen on a 2-core host (4.47 and 5.26 s lived), so the
-    # bound past the head time is 2 s where the attackers have cores of their own, 3.5 s on fewer
-    late = 2.0 if MANY_CORES else 3.5
-    assert len(lived) == 20 and max(lived) < HEAD_TIMEOUT_S + late, (lived, reports)
+    # late by their loops' lag, seconds on a busy host: measured here). The median judges the timer:
+    # within 1 s of the head time where the attackers have cores of their own, 2 s on fewer. The
+    # slowest judges that every head was closed, not how late: a front closing thousands of expired
+    # heads at once, on 2 cores it shares with the attackers and this test's own loop, was seen
+    # 1.47, 2.26 and 3.55 s late. Without the limit a slow head lives until the client gives up
+    typical_late, worst_late = (1.0, 2.0) if MANY_CORES else (2.0, HEAD_TIMEOUT_S * 1.5)
+    assert len(lived) == 20 and _pct(lived, 0.5) < HEAD_TIMEOUT_S + typical_late, (sorted(lived), reports)
+    assert max(lived) < HEAD_TIMEOUT_S + worst_late, (sorted(lived), reports)
 
 
 async def test_endless_headers_are_cut_and_a_tenant_hardly_notices(node: tuple[Any, str]) -> None:
