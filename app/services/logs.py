@@ -54,6 +54,8 @@ def rows_of_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The log rows of invocation records as the recorder batches them (sync and stream calls)."""
     out = []
     for r in records:
+        if not r.get("stderr_tail"):
+            continue  # most calls write nothing to stderr: no row, and no time to work out (~1 µs a record)
         ended = r.get("ended_at")
         if ended is None:
             started = r.get("started_at") or r.get("created_at") or datetime.now(UTC)

@@ -76,3 +76,19 @@ def test_batches_built_in_pieces_join_one_statement_per_shape() -> None:
     assert [len(values) for _sql, values in whole.statements] == [3, 2]
     assert [v[0] for v in whole.statements[0][1]] == ["a", "c", "e"]
     assert whole.statements == record_batch([sync, {**sync, "id": "c"}, {**sync, "id": "e"}, other, {**other, "id": "d"}], dialect).statements
+
+
+def test_a_shape_is_worked_out_once_per_dialect() -> None:
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from app.db.repositories.record_batches import _shape
+
+    now = datetime.now(UTC)
+    row = {"id": "a", "tenant_id": "t", "function": "f", "created_at": now, "status": "succeeded"}
+    lite, pg = sqlite.dialect(paramstyle="qmark"), postgresql.dialect(paramstyle="format")
+    first = record_batch([row], lite).statements[0][0]
+    hits = _shape.cache_info().hits
+    again = record_batch([{**row, "id": "b"}, {**row, "id": "c"}], lite).statements[0][0]
+    assert again is first and _shape.cache_info().hits == hits + 1  # the same statement, not built again
+    elsewhere = record_batch([row], pg).statements[0][0]
+    assert "?" in first and "%s" in elsewhere and "?" not in elsewhere  # each dialect its own
