@@ -54,13 +54,14 @@ def rows_of_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The log rows of invocation records as the recorder batches them (sync and stream calls)."""
     out = []
     for r in records:
-        if not r.get("stderr_tail"):
+        text = r.get("stderr_tail")
+        if not text:
             continue  # most calls write nothing to stderr: no row, and no time to work out (~1 µs a record)
         ended = r.get("ended_at")
         if ended is None:
             started = r.get("started_at") or r.get("created_at") or datetime.now(UTC)
             ended = started + timedelta(milliseconds=r.get("duration_ms") or 0)
-        row = row_of(r["tenant_id"], r["function"], r["id"], r.get("version"), ended, r.get("stderr_tail"))
+        row = row_of(r["tenant_id"], r["function"], r["id"], r.get("version"), ended, text)
         if row is not None:
             out.append(row)
     return out
