@@ -341,7 +341,10 @@ class _HeadWithBody:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._head:
             head, self._head = self._head, b""
-            self._transport.writelines((head, data))
+            if data:
+                self._transport.writelines((head, data))
+            else:  # an empty part never drains from asyncio's transport (app/contract/frames.py)
+                self._transport.write(head)
         elif bytes(data[:9]) == b"HTTP/1.1 " and bytes(data[9:10]) != b"1" and b"\r\ncontent-length:" in data:
             self._head = bytes(data)
         else:

@@ -31,7 +31,10 @@ class ProtocolError(RuntimeError):
 def encode(header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> list[Buffer]:
     """`more`: further parts of the body, sent after it as they are (never joined to it)."""
     raw = worker_encoder.encode(header)
-    return [HEAD.pack(len(raw), len(body) + sum(len(m) for m in more)), raw, body, *more]
+    parts = [HEAD.pack(len(raw), len(body) + sum(len(m) for m in more)), raw, body, *more]
+    # no empty part: one never drains from asyncio's socket transport on Python 3.12+ (its
+    # `writelines`, CPython gh-155888), and the loop spins on it
+    return parts if body and not more else [p for p in parts if len(p)]
 
 
 def check_sizes(hlen: int, blen: int) -> None:

@@ -233,6 +233,16 @@ def test_a_head_with_a_length_leaves_with_the_body_and_nothing_else_waits() -> N
     assert not w.is_closing()  # the rest is the transport's own
 
 
+def test_a_held_head_before_an_empty_body_leaves_alone() -> None:
+    # writelines with an empty part never drains from asyncio's socket transport on Python 3.12+
+    t = _Recorder()
+    w = _HeadWithBody(t)  # type: ignore[arg-type]
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+    w.write(head)
+    w.write(b"")
+    assert t.sent == [("write", [head])]
+
+
 async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     """One answer with a length: (head, body)."""
     head = await reader.readuntil(b"\r\n\r\n")

@@ -157,3 +157,13 @@ async def test_after_a_half_close_the_next_frame_is_the_workers_answer(tmp_path:
         conn.write_eof()
         msg, _ = await conn.next_frame()
         assert isinstance(msg, Result) and msg.error == "stopped"
+
+
+def test_a_frame_is_written_without_empty_parts() -> None:
+    # writelines with an empty part never drains from asyncio's socket transport on Python 3.12+
+    for body, more in ((b"", ()), (b"", (b"tail",)), (b"body", (b"",)), (b"body", ())):
+        parts = encode(_run(), body, *more)
+        assert all(len(p) for p in parts)
+        head, rest = bytes(parts[0]), b"".join(bytes(p) for p in parts[1:])
+        hlen, blen = HEAD.unpack(head)
+        assert (len(rest), rest[hlen:]) == (hlen + blen, body + b"".join(more))
