@@ -65,6 +65,14 @@ def _post(url: str, connections: int, seconds: float, headers: dict[str, str] | 
     return run_wrk(url, connections=connections, seconds=seconds, method="POST", body=BODY, headers=headers, timed=timed)
 
 
+def _beside_flood(url: str, c: int, secs: float, flood: dict[str, str], other: str, other_headers: dict[str, str] | None) -> tuple[WrkResult, WrkResult]:
+    """The flood at `c` connections and, at the same time, one call at a time to `other`, timed per call."""
+    with ThreadPoolExecutor(2) as pool:
+        over = pool.submit(_post, url, c, secs, flood)
+        beside = pool.submit(_post, other, 1, secs, other_headers, True)
+        return over.result(), beside.result()
+
+
 def _line(name: str, value: str, target: str = "", ok: bool | None = None) -> None:
     mark = "" if ok is None else ("yes" if ok else "NO")
     print(f"{name:58} {value:>14}  {target:10} {mark}")
@@ -135,23 +143,28 @@ def bench_invoke(args: argparse.Namespace) -> int:
         slow: list[observed.Slow] = []
         turns: list[int] = []
         stalls: list[observed.Stalls] = []
-        for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
-            tag = f"_{i}" if i else ""
-            # its unloaded p99 again, just before: a host drifts within minutes (H200 hosts: 1.5
-            # to 3.8 ms alone), so each flood run is judged against the baseline next to it
-            res[f"quiet_alone_before{tag}"] = _post(url, 1, secs, quiet, True)
-            time.sleep(_PUBLISHED_S)
-            before, host_before = observed.scrape(client), cpu.HostCpu.read()
-            with ThreadPoolExecutor(2) as pool:
-                over = pool.submit(_post, url, 4 * q, secs, flood)
-                beside = pool.submit(_post, url, 1, secs, quiet, True)
-                res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = over.result(), beside.result()
-            host_after = cpu.HostCpu.read()
-            time.sleep(_PUBLISHED_S)
-            after = observed.scrape(client)
-            slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
-            turns.append(observed.front_turns(after) - observed.front_turns(before))
-            stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
+        # The host's own floor for the other tenant's figure: a call through a front and a worker
+        # of its own (the one-hop floor with the guest, one process each, nothing shared with the
+        # flood), timed alone and beside the same flood. Its tail beside the flood is the wait
+        # for a core on a busy host; the other tenant's, that plus sharing the node's fronts.
+        with bare_relay(1, far=1, guest=True) as private:
+            _post(private, 1, 1)
+            for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
+                tag = f"_{i}" if i else ""
+                # its unloaded p99 again, just before: a host drifts within minutes (H200 hosts:
+                # 1.5 to 3.8 ms alone), so each flood run is judged against the baseline next to it
+                res[f"quiet_alone_before{tag}"] = _post(url, 1, secs, quiet, True)
+                time.sleep(_PUBLISHED_S)
+                before, host_before = observed.scrape(client), cpu.HostCpu.read()
+                res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = _beside_flood(url, 4 * q, secs, flood, url, quiet)
+                host_after = cpu.HostCpu.read()
+                time.sleep(_PUBLISHED_S)
+                after = observed.scrape(client)
+                slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
+                turns.append(observed.front_turns(after) - observed.front_turns(before))
+                stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
+                res[f"private_alone_before{tag}"] = _post(private, 1, secs, timed=True)
+                res[f"flood_at_4x_private{tag}"], res[f"private_beside_flood{tag}"] = _beside_flood(url, 4 * q, secs, flood, private, None)
         replaced = observed.replaced(after) - observed.replaced(first)
 
     print("node again, its phases timed with the CPU clock", file=sys.stderr)
@@ -335,6 +348,15 @@ def _report(
     else:
         ok = beside.call_p99_ms <= 2 * alone.call_p99_ms and clean
         _line(f"other tenant p99 {worst}beside the flood / alone", f"{beside.call_p99_ms / alone.call_p99_ms:.2f}x", "<= 2.0x", ok)
+    privates = [(r[f"private_alone_before{t}"], r[f"private_beside_flood{t}"]) for t in tags if f"private_beside_flood{t}" in r]
+    if len(privates) == len(besides) == len(adjacent):  # the host's floor for the figure above
+        _line(
+            f"own front and worker (one hop + guest, 1 process) c=1 p99 alone/beside{runs} (ms)",
+            " ".join(f"{a.call_p99_ms:.2f}/{b.call_p99_ms:.2f}" for a, b in privates),
+        )
+        floors = [b.call_p99_ms / a.call_p99_ms for a, b in privates]
+        _line(f"the same, beside each flood run / alone: the host's floor{runs}", " ".join(f"{x:.2f}x" for x in floors))
+        _line(f"other tenant's ratio / that floor's{runs}", " ".join(f"{x / f:.2f}x" for x, f in zip(ratios, floors, strict=True)))
     wrk_worst = max(b.p99_ms for b in besides)
     _line(f"the same by wrk's p99 ({worst}beside / alone)", f"{wrk_worst / alone.p99_ms:.2f}x")
     if slow:

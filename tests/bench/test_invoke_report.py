@@ -274,3 +274,21 @@ def test_the_call_paths_targets_are_judged_and_a_two_core_host_has_its_own(capsy
     out = capsys.readouterr().out
     assert _line(out, "c=1 p50: node / bare").split()[-4:] == ["2.25x", "<=", "3.0x", "yes"]
     assert _line(out, "c=32: node / bare with 1 process").split()[-4:] == ["0.40x", ">=", "0.35x", "yes"]
+
+
+def test_the_hosts_floor_for_the_other_tenants_figure_is_shown_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([3.0, 6.0])
+    for tag, (quiet_alone, private_alone, private_beside) in (("", (1.0, 0.5, 1.0)), ("_1", (2.0, 0.5, 1.5))):
+        r[f"quiet_alone_before{tag}"] = _result(quiet_alone)
+        r[f"private_alone_before{tag}"], r[f"private_beside_flood{tag}"] = _result(private_alone), _result(private_beside)
+    _report(r, 2, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "other tenant p99 beside each flood run / alone just before it").split()[-4:] == ["3.00x", "<=", "2.0x", "NO"]
+    assert _line(out, "own front and worker").split()[-2:] == ["0.50/1.00", "0.50/1.50"]
+    assert _line(out, "the same, beside each flood run / alone").split()[-2:] == ["2.00x", "3.00x"]
+    assert _line(out, "other tenant's ratio / that floor's").split()[-2:] == ["1.50x", "1.00x"]
+
+
+def test_without_the_hosts_floor_runs_no_floor_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    _report(_results([3.0]), 2, 8)
+    assert "own front and worker" not in capsys.readouterr().out
