@@ -13,7 +13,9 @@ stdout: the floor of a node that runs the guest, with none of the node's own wor
 lease, no limits, no record, no metrics). Several far processes, like a node's workers, are named
 with commas; each call goes to the one with the fewest calls in flight from its app process,
 the first on a tie (so a lone connection keeps using one warm far process, as the node keeps
-using a tenant's first idle worker).
+using a tenant's first idle worker). `/echo/plain` takes the same hop to the same far process,
+which answers it without running the guest: calls of both routes alternated on one connection
+time the guest's run against the very hop it rides on (`bench invoke`, the floor less its hop).
 
     python -m app.bench.relay_app PATH [--guest]    # a far process, serving the unix socket PATH
     TENSORWASM_BENCH_RELAY=PATH[,PATH...] uvicorn app.bench.relay_app:app --workers N
@@ -31,6 +33,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, Response
 
 LEN = struct.Struct("!I")
+PLAIN = 1 << 31  # in a request's length word: answer with the body as it is, not the guest's run
 app = FastAPI()
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _paths = os.environ.get("TENSORWASM_BENCH_RELAY", "").split(",")
@@ -38,7 +41,7 @@ _idle: dict[str, list[_Conn]] = {path: [] for path in _paths}
 _busy = dict.fromkeys(_paths, 0)  # this process's calls in flight on each far process
 
 
-async def _exchange(body: bytes) -> bytes:
+async def _exchange(body: bytes, plain: bool = False) -> bytes:
     # the far process with the fewest of this process's calls, the first of them on a tie: as
     # the node's scheduler takes a tenant's first idle worker, one connection keeps one warm
     path = min(_paths, key=_busy.__getitem__)
@@ -47,7 +50,7 @@ async def _exchange(body: bytes) -> bytes:
         idle = _idle[path]
         conn = idle.pop() if idle else await asyncio.open_unix_connection(path)
         reader, writer = conn
-        writer.write(LEN.pack(len(body)) + body)
+        writer.write(LEN.pack(len(body) | (PLAIN if plain else 0)) + body)
         (n,) = LEN.unpack(await reader.readexactly(LEN.size))
         reply = await reader.readexactly(n)
         idle.append(conn)  # a connection that failed mid-call is dropped with its exception
@@ -61,12 +64,21 @@ async def echo(request: Request) -> Response:
     return Response(await _exchange(await request.body()), media_type="application/octet-stream")
 
 
+@app.post("/echo/plain")
+async def echo_plain(request: Request) -> Response:
+    return Response(await _exchange(await request.body(), plain=True), media_type="application/octet-stream")
+
+
 def _serving(answer: Callable[[bytes], bytes], after: Callable[[], None]) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
     async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 (n,) = LEN.unpack(await reader.readexactly(LEN.size))
-                out = answer(await reader.readexactly(n))
+                body = await reader.readexactly(n & ~PLAIN)
+                if n & PLAIN:
+                    writer.write(LEN.pack(len(body)) + body)
+                    continue
+                out = answer(body)
                 writer.write(LEN.pack(len(out)) + out)
                 after()  # after the reply, off the caller's path, as a worker does
         except (asyncio.IncompleteReadError, ConnectionError, RuntimeError):  # RuntimeError: a failed guest

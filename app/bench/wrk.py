@@ -28,39 +28,56 @@ wrk.method = "%(method)s"
 wrk.body = %(body)s
 %(headers)s
 local timed = %(timed)s
+local alternate = %(alternate)s
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
-function init(args) ok = 0; limited = 0; other = 0; took = {} end
-local clock, now_us, sent
+function init(args) ok = 0; limited = 0; other = 0; took = {}; took_alt = {}; n = 0 end
+local clock, now_us, sent, alt
 if timed then
   local ffi = require("ffi")
   ffi.cdef[[ typedef struct { long sec; long nsec; } tw_timespec; int clock_gettime(int, tw_timespec *); ]]
   clock = ffi.new("tw_timespec")
   now_us = function() ffi.C.clock_gettime(1, clock); return tonumber(clock.sec) * 1e6 + tonumber(clock.nsec) / 1e3 end
   -- one connection per thread: the request written last is the one answered next
-  function request() sent = now_us(); return wrk.format() end
+  function request()
+    n = n + 1
+    alt = alternate ~= nil and n %% 2 == 0
+    sent = now_us()
+    if alt then return wrk.format(nil, alternate) end
+    return wrk.format()
+  end
 end
 function response(status, headers, body)
-  if timed then took[#took + 1] = now_us() - sent end
+  if timed then
+    local list = alt and took_alt or took
+    list[#list + 1] = now_us() - sent
+  end
   if status == 200 then ok = ok + 1 elseif status == 429 then limited = limited + 1 else other = other + 1 end
 end
 local function rank(sorted, p)
   if #sorted == 0 then return 0 end
   return sorted[math.max(1, math.ceil(p / 100 * #sorted))]
 end
-function done(summary, latency, requests)
-  local o, l, x, all = 0, 0, 0, {}
+local function gather(name)
+  local all = {}
   for _, t in ipairs(threads) do
-    o = o + t:get("ok"); l = l + t:get("limited"); x = x + t:get("other")
-    for _, v in ipairs(t:get("took")) do all[#all + 1] = v end
+    for _, v in ipairs(t:get(name)) do all[#all + 1] = v end
   end
   table.sort(all)
+  return all
+end
+function done(summary, latency, requests)
+  local o, l, x = 0, 0, 0
+  for _, t in ipairs(threads) do o = o + t:get("ok"); l = l + t:get("limited"); x = x + t:get("other") end
+  local all, other_path = gather("took"), gather("took_alt")
   local e = summary.errors
   io.write(string.format(
     'WRKJSON {"requests":%%d,"duration_us":%%d,"ok":%%d,"limited":%%d,"other":%%d,' ..
-    '"p50_us":%%d,"p90_us":%%d,"p99_us":%%d,"max_us":%%d,"socket_errors":%%d,"timed":%%d,"timed_p99_us":%%d}\n',
+    '"p50_us":%%d,"p90_us":%%d,"p99_us":%%d,"max_us":%%d,"socket_errors":%%d,"timed":%%d,"timed_p99_us":%%d,' ..
+    '"timed_p50_us":%%d,"alt_timed":%%d,"alt_p50_us":%%d}\n',
     summary.requests, summary.duration, o, l, x, latency:percentile(50), latency:percentile(90),
-    latency:percentile(99), latency.max, e.connect + e.read + e.write + e.timeout, #all, rank(all, 99)))
+    latency:percentile(99), latency.max, e.connect + e.read + e.write + e.timeout, #all, rank(all, 99),
+    rank(all, 50), #other_path, rank(other_path, 50)))
 end
 """
 
@@ -82,6 +99,8 @@ class WrkResult:
     max_ms: float
     socket_errors: int
     timed_p99_ms: float | None = None  # a timed run's: the p99 of the calls made (no correction)
+    timed_p50_ms: float | None = None  # ... and their p50 (with `alternate`: of the URL's own calls)
+    alternate_p50_ms: float | None = None  # with `alternate`: the p50 of the calls to the other path
 
     @property
     def call_p99_ms(self) -> float:
@@ -112,15 +131,22 @@ def run_wrk(
     body: str = "",
     headers: dict[str, str] | None = None,
     timed: bool = False,
+    alternate: str | None = None,
 ) -> WrkResult:
     """`timed`: also time each request here (one connection per thread; calls wrk's Lua for every
-    request, so for latency runs, not for throughput)."""
+    request, so for latency runs, not for throughput). `alternate` (a timed run's): another path
+    on the same server, every other call of each connection, timed apart."""
+    if alternate is not None and not timed:
+        raise ValueError("alternate paths are timed runs")
     exe = wrk_path()
     if exe is None:
         raise RuntimeError(INSTALL_HINT)
     threads = connections if timed else max(1, min(threads or default_threads(), connections))
     lines = "\n".join(f"wrk.headers[{_lua_str(k)}] = {_lua_str(v)}" for k, v in (headers or {}).items())
-    script = _SCRIPT % {"method": method, "body": _lua_str(body), "headers": lines, "timed": "true" if timed else "false"}
+    script = _SCRIPT % {
+        "method": method, "body": _lua_str(body), "headers": lines, "timed": "true" if timed else "false",
+        "alternate": _lua_str(alternate) if alternate is not None else "nil",
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
         path = Path(f.name)
@@ -145,6 +171,8 @@ def run_wrk(
         max_ms=raw["max_us"] / 1e3,
         socket_errors=raw["socket_errors"],
         timed_p99_ms=raw["timed_p99_us"] / 1e3 if timed else None,
+        timed_p50_ms=raw["timed_p50_us"] / 1e3 if timed else None,
+        alternate_p50_ms=raw["alt_p50_us"] / 1e3 if alternate is not None and raw["alt_timed"] else None,
     )
 
 

@@ -292,3 +292,17 @@ def test_the_hosts_floor_for_the_other_tenants_figure_is_shown_beside_it(capsys:
 def test_without_the_hosts_floor_runs_no_floor_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
     _report(_results([3.0]), 2, 8)
     assert "own front and worker" not in capsys.readouterr().out
+
+
+def test_the_guest_floor_less_its_hop_is_judged_on_the_calls_alternated_on_one_connection(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([3.0])
+    r["relay_c1"], r["floor_c1"] = _result(0.2), _result(0.4)  # two runs: 100 µs apart at the p50
+    r["floor_mixed_c1"] = replace(_result(0.5), timed_p50_ms=0.245, alternate_p50_ms=0.2)
+    _report(r, 2, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "c=1 p50: one hop + guest, less one hop, two runs (us)").split()[-1] == "100"
+    assert _line(out, "  the same, the two alternated on one connection").split()[-4:] == ["45", "<=", "60", "yes"]
+    assert _line(out, "  their p50s there").split()[-3:] == ["0.245", "|", "0.200"]
+    del r["floor_mixed_c1"]  # results without the alternated run: judged on the two runs
+    _report(r, 2, 8)
+    assert _line(capsys.readouterr().out, "c=1 p50: one hop + guest, less one hop (us)").split()[-4:] == ["100", "<=", "60", "NO"]

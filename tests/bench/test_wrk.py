@@ -35,8 +35,9 @@ def test_the_one_hop_baseline_echoes_through_its_other_process() -> None:
 
 
 @contextmanager
-def _one_slow_reply(delay_s: float) -> Iterator[str]:
-    """A bare HTTP server answering at once, but its 500th request after `delay_s`."""
+def _one_slow_reply(delay_s: float, slow_path: bytes | None = None) -> Iterator[str]:
+    """A bare HTTP server answering at once, but its 500th request after `delay_s`; with
+    `slow_path`, every request for that path after `delay_s` instead."""
     loop = asyncio.new_event_loop()
     served = 0
 
@@ -44,9 +45,10 @@ def _one_slow_reply(delay_s: float) -> Iterator[str]:
         nonlocal served
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
-                await reader.readuntil(b"\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
                 served += 1
-                if served == 500:
+                path = head.split(b" ", 2)[1]
+                if (served == 500 and slow_path is None) or path == slow_path:
                     await asyncio.sleep(delay_s)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 await writer.drain()
@@ -82,6 +84,16 @@ def test_a_timed_run_reports_the_calls_made_where_wrk_corrects_for_the_ones_not_
     assert r.timed_p99_ms is not None and r.timed_p99_ms < 20 and r.call_p99_ms == r.timed_p99_ms
 
 
+def test_an_alternate_path_is_called_every_other_time_and_timed_apart() -> None:
+    with _one_slow_reply(0.005, slow_path=b"/slow") as url:
+        r = run_wrk(url, connections=1, seconds=1, timed=True, alternate="/slow")
+    assert r.ok == r.requests > 20
+    assert r.timed_p50_ms is not None and r.alternate_p50_ms is not None
+    assert r.timed_p50_ms < 3 and r.alternate_p50_ms >= 5
+    with pytest.raises(ValueError):
+        run_wrk(url, connections=1, seconds=1, alternate="/slow")  # only timed runs alternate
+
+
 def test_the_guest_floor_runs_the_echo_guest_in_its_far_processes() -> None:
     with bare_relay(2, far=2, guest=True) as url:
         body = bytes(range(256)) * 300
@@ -92,5 +104,7 @@ def test_the_guest_floor_runs_the_echo_guest_in_its_far_processes() -> None:
         # the guest, not a plain echo, answers: its stdout is capped at 1 MiB, as a worker's run caps it
         with pytest.raises(httpx.HTTPError):
             httpx.post(url, content=b"x" * (2 << 20), timeout=10).raise_for_status()
+        # its plain route takes the same hop to the same far process, which echoes without the guest
+        assert httpx.post(f"{url}/plain", content=b"x" * (2 << 20), timeout=10).content == b"x" * (2 << 20)
         ok = run_wrk(url, connections=4, seconds=1, method="POST", body="hi")
     assert ok.requests > 0 and ok.ok == ok.requests and ok.socket_errors == 0
