@@ -419,6 +419,8 @@ class Readiness(msgspec.Struct):
     workers: bool  # a worker is ready
     devices_usable: bool  # some device is not backing off after failed starts
     devices: list[DeviceView]
+    # none ready and none kept (warm_spares 0): a call starts one, so the node serves all the same
+    on_demand: bool = False
 
 
 class ViewReply(_N, tag="view_reply"):

@@ -766,8 +766,12 @@ class Scheduler:
         return self.devices.view()
 
     def readiness(self) -> Readiness:
+        ready, usable = self.ready(), self.devices.usable()
         return Readiness(
-            workers=self.ready(),
-            devices_usable=self.devices.usable(),
+            workers=ready,
+            devices_usable=usable,
             devices=[msgspec.convert(d, DeviceView) for d in self.device_views()],
+            # a node told to keep no spares has no worker until its first call, which starts one:
+            # unready until then, a balancer that routes to ready nodes would never send that call
+            on_demand=not ready and usable and self.settings.warm_spares <= 0,
         )

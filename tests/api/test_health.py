@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 
@@ -13,6 +14,15 @@ async def test_healthz_and_readyz(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json()["status"] == "ok"
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json()["detail"]["database"] == "ok"
+
+
+async def test_a_node_that_keeps_no_spares_is_ready_before_its_first_call_starts_a_worker(app_factory: Any) -> None:
+    # no worker until a call starts one: unready until then, a balancer would never send that call
+    async with app_factory(warm_spares=0, max_workers=2) as (client, _platform):
+        r = await client.get("/readyz")
+        assert r.status_code == 200, r.text
+        assert r.json()["detail"]["workers"].startswith("none kept")
+        assert all(d["contexts"] == 0 for d in r.json()["devices"])  # still none started
 
 
 async def test_unknown_route_and_method_use_the_envelope(client: httpx.AsyncClient) -> None:

@@ -46,8 +46,11 @@ async def readyz(platform: PlatformDep) -> JSONResponse:
                 view = await cluster_view(session, platform.settings, platform.clock())
             cluster = ClusterOut.model_validate(view, from_attributes=True)
     readiness = await platform.node.readiness()  # a worker ready, and some device not backing off
-    workers = readiness.workers
-    detail["workers"] = "ok" if workers else "none ready"
+    workers = readiness.workers or readiness.on_demand
+    if readiness.workers:
+        detail["workers"] = "ok"
+    else:
+        detail["workers"] = "none kept: the first call starts one (TENSORWASM_WARM_SPARES=0)" if readiness.on_demand else "none ready"
     detail["devices"] = "ok" if readiness.devices_usable else "every device is backing off after failed starts"
     ok = ok and workers
     devices = [DeviceOut.model_validate(msgspec.structs.asdict(d)) for d in readiness.devices]
