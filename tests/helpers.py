@@ -436,18 +436,27 @@ class FakeProc:
 
 @dataclass
 class FakeStarts:
-    """Worker starts as the fake driver makes them: each takes `seconds`; `fail` makes them fail."""
+    """Worker starts as the fake driver makes them: each takes `seconds`; `fail` makes them fail;
+    `serial` makes them one after another, as a GPU driver makes contexts (a start begun while k
+    others are under way takes (k + 1) x `seconds`)."""
 
     seconds: float = 0.0
     fail: bool = False
     started: int = 0  # starts begun
+    serial: bool = False
+    _driver: asyncio.Lock | None = None
 
 
 async def _fake_start(w: Any, starts: FakeStarts) -> None:
     from app.worker.handle import WorkerLost, WorkerState
 
     starts.started += 1
-    await asyncio.sleep(starts.seconds)
+    if starts.serial:
+        starts._driver = starts._driver or asyncio.Lock()
+        async with starts._driver:
+            await asyncio.sleep(starts.seconds)
+    else:
+        await asyncio.sleep(starts.seconds)
     if starts.fail:
         raise WorkerLost(f"worker {w.id}: the fake driver failed its start")
     w.proc = FakeProc()

@@ -97,6 +97,7 @@ class WorkerPool:
         self.start_times = StartTimes()  # what a call waiting for a start can expect
         self.arrivals = ArrivalRate()  # new tenants per second: spares are kept ahead of them
         self._start_began: dict[str, float] = {}  # monotonic, by worker id, while it starts
+        self._start_ahead: dict[str, int] = {}  # the starts under way when it began, by worker id
         # calls waiting for a worker (the scheduler counts them): spares leave room for their caps,
         # and no more starts are made for them than they need
         self.waiting_caps: Counter[int] = Counter()
@@ -306,17 +307,23 @@ class WorkerPool:
         return Progress.NONE
 
     def start_eta(self, cap: int) -> float | None:
-        """When the soonest start that could serve a call with `cap` should be ready (one started
-        now when none is under way); None before any start was measured."""
-        typical = self.start_times.typical()
-        if typical is None:
+        """When the soonest start that could serve a call with `cap` should be ready: one under
+        way, one start's time after it began for it and for each start it queued behind (or
+        after now, for it and each still under way that began before it, if sooner); or one
+        begun now, behind every start under way. None before any start was measured."""
+        alone = self.start_times.alone()
+        if alone is None:
             return None
         now = time.monotonic()
-        began = [
-            t for w in self.workers
-            if w.state == WorkerState.STARTING and (t := self._start_began.get(w.id)) is not None and self.devices[w.device_index].fits(cap)
+        began = sorted(
+            ((t, w) for w in self.workers if w.state == WorkerState.STARTING and (t := self._start_began.get(w.id)) is not None),
+            key=lambda tw: tw[0],
+        )
+        ready = [
+            min(t + alone * (self._start_ahead.get(w.id, 0) + 1), now + alone * (before + 1))
+            for before, (t, w) in enumerate(began) if self.devices[w.device_index].fits(cap)
         ]
-        return max(now, min(began) + typical) if began else now + typical
+        return max(now, min(ready)) if ready else now + alone * (len(began) + 1)
 
     # -- eviction ---------------------------------------------------------------------------------
     def _makes_room(self, cap: int) -> Callable[[WorkerHandle], bool]:
@@ -388,10 +395,11 @@ class WorkerPool:
     async def _start_worker(self, w: WorkerHandle) -> None:
         device = self.devices[w.device_index]
         t0 = time.perf_counter()
+        self._start_ahead[w.id] = sum(1 for x in self.workers if x.state == WorkerState.STARTING and x.id in self._start_began)
         self._start_began[w.id] = time.monotonic()
         try:
             await w.start()
-            self.start_times.add(time.perf_counter() - t0)
+            self.start_times.add(time.perf_counter() - t0, self._start_ahead[w.id])
             if self.on_start is not None:
                 self.on_start(time.perf_counter() - t0)
             self.devices.start_ok(device)
@@ -410,6 +418,7 @@ class WorkerPool:
             self._after(self.devices.start_failed(device))
         finally:
             self._start_began.pop(w.id, None)
+            self._start_ahead.pop(w.id, None)
             self.hooks.notify()
         self.ensure_spares()  # a start slot is free
 

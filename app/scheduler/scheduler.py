@@ -403,7 +403,8 @@ class Scheduler:
                     eta = self.pool.start_eta(cap)
                     if eta is not None and eta > deadline:
                         raise NoCapacity(
-                            f"a worker start takes about {self.pool.start_times.typical():.2f} s on this node, "
+                            f"a worker start takes about {self.pool.start_times.alone():.2f} s on this node and the next "
+                            f"that could serve this call would be ready in {eta - time.monotonic():.2f} s, "
                             "longer than this call may still wait (its tenant's timeout)"
                         )
                     progress = self.pool.provide_spare(cap, exclude=ts.principal.id)

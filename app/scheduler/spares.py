@@ -3,7 +3,8 @@ Pure bookkeeping with an injectable clock: the scheduler tells it of starts and 
 binds, and asks how long a start takes and how many spares to keep.
 
 - A start takes the median of the recent starts (one slow start, the first after the fork
-  server came up, does not move it).
+  server came up, does not move it); one start alone, that of each over the starts it queued
+  behind at the driver plus one.
 - New tenants arrive at a rate that decays with time constant `ARRIVAL_TAU_S`: each bind of a
   tenant that held no worker adds 1/tau, so k tenants within a short burst read as about k per
   second at once, and a node whose binds stop reads ~0 a few seconds later.
@@ -35,17 +36,33 @@ NOISE = 0.25  # of a spare: less expected arrivals within a start than this keep
 
 
 class StartTimes:
-    """Recent durations of successful worker starts (fork to ready)."""
+    """Recent durations of successful worker starts (fork to ready), and of one start alone.
+
+    The driver makes contexts one after another, so a start begun while k others were under way
+    took up to (k + 1) times one start: a node's first spares, begun together, read as 1, 2, 3 ...
+    times it. `typical` is how long starts took as they came (what spares kept ahead must
+    cover); `alone` divides each by the starts it queued behind, for when the next one will be
+    ready (a call waiting for it is refused only when that comes after its deadline). Where
+    starts overlap rather than queue (the fork and setup of each, or a CPU node) `alone` reads
+    low: a call then waits in vain up to its deadline, never is refused one start would serve.
+    """
 
     def __init__(self, keep: int = START_SAMPLES) -> None:
         self._recent: deque[float] = deque(maxlen=keep)
+        self._alone: deque[float] = deque(maxlen=keep)
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, ahead: int = 0) -> None:
+        """A start that took `seconds`, begun while `ahead` others were under way."""
         self._recent.append(seconds)
+        self._alone.append(seconds / (max(0, ahead) + 1))
 
     def typical(self) -> float | None:
         """The median of the recent starts; None before the first."""
         return statistics.median(self._recent) if self._recent else None
+
+    def alone(self) -> float | None:
+        """The median of the recent starts, each over the starts it queued behind plus one."""
+        return statistics.median(self._alone) if self._alone else None
 
 
 class ArrivalRate:

@@ -5,11 +5,14 @@ when every slot serves."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from app.node.admission import AdmissionTable
 from app.scheduler.devices import Device, Inventory
@@ -157,3 +160,25 @@ async def test_a_leased_worker_takes_its_turn_when_its_call_ends_and_a_tenant_wi
         mine.state = WorkerState.IDLE  # its lease released: retired, not handed to a's next call
         p.retire_drained()
         assert mine not in p.workers and p.restarts["rotated"] == 1 and seen.unbound == [mine]
+
+
+async def test_the_next_start_is_expected_one_start_per_start_ahead_of_it_at_the_driver(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0", name="a")), max_workers=8, warm_spares=0, max_parallel_starts=8) as (p, starts, _):
+        starts.seconds, starts.serial = 0.2, True
+        assert p.start_eta(0) is None  # nothing measured yet
+        p.spawn(p.devices[0])
+        await until(lambda: p.start_times.alone() is not None, "the first start")
+        t0 = time.monotonic()
+        for _ in range(3):  # begun together: the driver makes them one after another
+            p.spawn(p.devices[0])
+        eta = p.start_eta(0)
+        assert eta is not None and 0.1 < eta - t0 < 0.3  # the first under way, not the last
+        await until(lambda: sum(1 for w in p.workers if w.state == WorkerState.SPARE) == 2, "the second spare")
+        eta = p.start_eta(0)
+        assert eta is not None and eta - time.monotonic() < 0.3  # the next now heads the queue
+        await until(lambda: not any(w.state == WorkerState.STARTING for w in p.workers), "the last spare")
+        t0 = time.monotonic()
+        eta = p.start_eta(0)
+        assert eta is not None and 0.1 < eta - t0 < 0.26  # one begun now: one start (the median as they came: 0.3)
+        assert p.start_times.typical() == pytest.approx(0.3, abs=0.1)  # 0.2, then 0.2, 0.4, 0.6 as they came
+        assert p.start_times.alone() == pytest.approx(0.2, abs=0.05)

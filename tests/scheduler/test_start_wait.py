@@ -47,6 +47,27 @@ async def test_a_call_whose_deadline_the_measured_start_time_cannot_meet_is_refu
         s.release(second, Outcome.OK)
 
 
+
+async def test_starts_that_queued_behind_others_do_not_refuse_a_call_one_start_would_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver makes contexts one after another, so starts begun together (a node's first
+    spares) take 1, 2, 3 ... times one start; a call that one start would serve within its
+    deadline waits for it instead of being refused for the queue those starts stood in."""
+    starts = fake_workers(monkeypatch, seconds=0.15)
+    starts.serial = True
+    async with fake_node(tmp_path, max_workers=4, warm_spares=4, max_parallel_starts=4, queue_wait_ms=100) as s:
+        await until(lambda: sum(1 for w in s.workers if w.state == WorkerState.SPARE) == 4, "four spares", 10)
+        assert s.pool.start_times.typical() == pytest.approx(0.375, abs=0.1)  # the median of 0.15, 0.3, 0.45, 0.6
+        held = [await s.lease(principal(timeout_ms=10_000)) for _ in range(3)]  # every slot but one bound
+        spare = next(w for w in s.workers if w.state == WorkerState.SPARE)
+        s.pool.retire(spare, "evicted")  # the last slot's spare gone: the next new tenant needs a start
+        t0 = time.monotonic()
+        lease = await s.lease(principal(timeout_ms=300))  # one start (0.15 s) fits its deadline; the median does not
+        assert time.monotonic() - t0 < 0.3
+        s.release(lease, Outcome.OK)
+        for h in held:
+            s.release(h, Outcome.OK)
+
+
 async def test_a_busy_context_is_waited_for_past_the_queue_wait_within_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_workers(monkeypatch, seconds=0.01)
     devices = Inventory([Device(0, "0", name="fake0", configured_ceiling=1)], 0)
