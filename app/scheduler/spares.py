@@ -44,7 +44,8 @@ class StartTimes:
     cover); `alone` divides each by the starts it queued behind, for when the next one will be
     ready (a call waiting for it is refused only when that comes after its deadline). Where
     starts overlap rather than queue (the fork and setup of each, or a CPU node) `alone` reads
-    low: a call then waits in vain up to its deadline, never is refused one start would serve.
+    low: a call may then wait up to its deadline in vain, but is never refused a start that
+    would have served it.
     """
 
     def __init__(self, keep: int = START_SAMPLES) -> None:
