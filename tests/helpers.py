@@ -14,8 +14,8 @@ import tarfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from contextlib import asynccontextmanager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -444,18 +444,14 @@ class FakeStarts:
     fail: bool = False
     started: int = 0  # starts begun
     serial: bool = False
-    _driver: asyncio.Lock | None = None
+    driver: asyncio.Lock = field(default_factory=asyncio.Lock)  # held through a serial start
 
 
 async def _fake_start(w: Any, starts: FakeStarts) -> None:
     from app.worker.handle import WorkerLost, WorkerState
 
     starts.started += 1
-    if starts.serial:
-        starts._driver = starts._driver or asyncio.Lock()
-        async with starts._driver:
-            await asyncio.sleep(starts.seconds)
-    else:
+    async with starts.driver if starts.serial else nullcontext():
         await asyncio.sleep(starts.seconds)
     if starts.fail:
         raise WorkerLost(f"worker {w.id}: the fake driver failed its start")

@@ -96,8 +96,8 @@ class WorkerPool:
         self._slots = itertools.count()
         self.start_times = StartTimes()  # what a call waiting for a start can expect
         self.arrivals = ArrivalRate()  # new tenants per second: spares are kept ahead of them
-        self._start_began: dict[str, float] = {}  # monotonic, by worker id, while it starts
-        self._start_ahead: dict[str, int] = {}  # the starts under way when it began, by worker id
+        # by worker id, while it starts: when it began (monotonic), and the starts under way then
+        self._under_way: dict[str, tuple[float, int]] = {}
         # calls waiting for a worker (the scheduler counts them): spares leave room for their caps,
         # and no more starts are made for them than they need
         self.waiting_caps: Counter[int] = Counter()
@@ -316,12 +316,12 @@ class WorkerPool:
             return None
         now = time.monotonic()
         began = sorted(
-            ((t, w) for w in self.workers if w.state == WorkerState.STARTING and (t := self._start_began.get(w.id)) is not None),
-            key=lambda tw: tw[0],
+            ((u, w) for w in self.workers if w.state == WorkerState.STARTING and (u := self._under_way.get(w.id)) is not None),
+            key=lambda uw: uw[0][0],
         )
         ready = [
-            min(t + alone * (self._start_ahead.get(w.id, 0) + 1), now + alone * (before + 1))
-            for before, (t, w) in enumerate(began) if self.devices[w.device_index].fits(cap)
+            min(t + alone * (ahead + 1), now + alone * (before + 1))
+            for before, ((t, ahead), w) in enumerate(began) if self.devices[w.device_index].fits(cap)
         ]
         return max(now, min(ready)) if ready else now + alone * (len(began) + 1)
 
@@ -395,11 +395,11 @@ class WorkerPool:
     async def _start_worker(self, w: WorkerHandle) -> None:
         device = self.devices[w.device_index]
         t0 = time.perf_counter()
-        self._start_ahead[w.id] = sum(1 for x in self.workers if x.state == WorkerState.STARTING and x.id in self._start_began)
-        self._start_began[w.id] = time.monotonic()
+        ahead = sum(1 for x in self.workers if x.state == WorkerState.STARTING and x.id in self._under_way)
+        self._under_way[w.id] = (time.monotonic(), ahead)
         try:
             await w.start()
-            self.start_times.add(time.perf_counter() - t0, self._start_ahead[w.id])
+            self.start_times.add(time.perf_counter() - t0, ahead)
             if self.on_start is not None:
                 self.on_start(time.perf_counter() - t0)
             self.devices.start_ok(device)
@@ -417,8 +417,7 @@ class WorkerPool:
             self.drop(w, "start_failed")
             self._after(self.devices.start_failed(device))
         finally:
-            self._start_began.pop(w.id, None)
-            self._start_ahead.pop(w.id, None)
+            self._under_way.pop(w.id, None)
             self.hooks.notify()
         self.ensure_spares()  # a start slot is free
 

@@ -40,7 +40,6 @@ def test_the_start_time_is_the_median_of_recent_starts() -> None:
     assert t.typical() == pytest.approx(1.0)
 
 
-
 def test_one_start_alone_is_each_start_over_the_starts_it_queued_behind() -> None:
     t = StartTimes(keep=4)
     assert t.alone() is None
@@ -50,6 +49,7 @@ def test_one_start_alone_is_each_start_over_the_starts_it_queued_behind() -> Non
     assert t.alone() == pytest.approx(0.2)  # one start
     t.add(0.3)  # one begun with nothing under way counts as it took
     assert t.alone() == pytest.approx(0.2)
+
 
 def test_the_arrival_rate_follows_a_burst_and_decays_when_it_stops() -> None:
     clock = Clock()

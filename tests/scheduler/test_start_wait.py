@@ -47,7 +47,6 @@ async def test_a_call_whose_deadline_the_measured_start_time_cannot_meet_is_refu
         s.release(second, Outcome.OK)
 
 
-
 async def test_starts_that_queued_behind_others_do_not_refuse_a_call_one_start_would_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver makes contexts one after another, so starts begun together (a node's first
     spares) take 1, 2, 3 ... times one start; a call that one start would serve within its
