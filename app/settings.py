@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     # none of its calls queued) is in a front, the calls queued behind another at their workers go
     # on this many per pass of its event loop; 0: none ever waits.
     front_share_per_pass: int = Field(default=1, ge=0)
+    # How long a front and a worker poll after a call's message instead of sleeping, so that at
+    # low load the next message is read as it lands, not after a wake-up; each stops at the first
+    # yield of its core to another process (app/node/spin.py). 0: never poll.
+    spin_us: int = Field(default=300, ge=0, le=10_000)
     # tenants the node's shared admission table holds with calls in flight or a rate debt at once
     admission_tenants: int = Field(default=16384, ge=64, le=1_048_576)
     hard_timeout_grace_ms: int = 1000

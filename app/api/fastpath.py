@@ -27,6 +27,7 @@ from app.api.gate import gate_tenant
 from app.api.routers.invoke import router
 from app.api.schemas import NAME_PATTERN
 from app.api.sync_call import CallHead, run_call, send_outcome
+from app.node.spin import AWAKE
 from app.observability.middleware import end_request, start_request
 from app.observability.phases import RESPOND, WHOLE_BYTES, answered, clock, lap
 
@@ -65,6 +66,7 @@ class InvokeFastPath:
             status = await send_outcome(outcome, scope, receive, send, rid)
             if outcome is not None and len(outcome.body) <= WHOLE_BYTES:  # written at once; a larger one may wait for its client
                 answered(t)
+            AWAKE.poke()  # the client's next request read as it lands
         finally:
             end_request(state.metrics, state.settings.access_log, scope, _TEMPLATE, status, time.perf_counter() - t0)
 

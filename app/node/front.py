@@ -29,11 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     from app.api.edge import server_options
     from app.main import create_app
     from app.node.accept import SharedPortServer
+    from app.node.spin import AWAKE
     from app.observability.logging import configure_logging
     from app.settings import get_settings
 
     settings = get_settings()
     configure_logging(settings)
+    AWAKE.spin.seconds = settings.spin_us / 1e6
     sock = socket.socket(fileno=args.fd)  # the family (IPv4/IPv6) comes from the socket itself
     app = create_app(settings, node_socket=args.ipc, front=args.index, freeze_heap=True)
     config = uvicorn.Config(

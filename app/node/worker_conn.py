@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from app.contract.frames import HEAD, Buffer, Payload, ProtocolError, check_sizes, decode_header, encode
 from app.contract.messages import Chunk, Run, WorkerMessage
+from app.node.spin import AWAKE
 from app.observability.phases import REPLY, SEND, WHOLE_BYTES, clock, lap
 
 Frame = tuple[WorkerMessage, Payload]
@@ -52,6 +53,7 @@ class WorkerConnection(asyncio.Protocol):
         self._on_chunk = on_chunk  # before the write: a stream's first chunk may come while it drains
         try:
             transport.writelines(encode(run, body))
+            AWAKE.poke()  # the reply read as it lands rather than after a wake-up
             lap(SEND, t)
             if self._paused:
                 await self._drain()

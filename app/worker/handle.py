@@ -89,6 +89,7 @@ class WorkerHandle:
             "--max-modules", str(s.max_modules_per_instance),
             "--gpu-memory", s.gpu_memory,
             "--pin-budget", str(s.pinned_guest_memory_bytes),
+            "--spin-us", str(s.spin_us),
         ]
         if self.socket_path is not None:
             argv += ["--socket", self.socket_path]

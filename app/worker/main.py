@@ -49,6 +49,7 @@ from app.contract.messages import (
     WorkerMessage,
     lease_mac,
 )
+from app.node.spin import Spin
 from app.worker.stats import run_mark
 
 REFUSED_EXIT = 75  # the driver refused this worker's context (the `refused` frame says so too)
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin-budget", type=int, default=0)
     ap.add_argument("--node-pid", type=int, default=None, help="die when this process (the node) is gone")
     ap.add_argument("--socket", default=None, help="also serve fronts' runs on this unix socket")
+    ap.add_argument("--spin-us", type=int, default=0, help="poll this long after a run before sleeping")
     args = ap.parse_args(argv)
     if args.node_pid is not None:
         from app.worker.lifeline import die_with_parent
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             frame = read_frame(proto_in)
             if frame is None or not worker.control(frame[0], frame[1], proto_out):
                 return 0
-    return _serve_fronts(worker, proto_in, proto_out, args.socket)
+    return _serve_fronts(worker, proto_in, proto_out, args.socket, args.spin_us / 1e6)
 
 
 def _warm_lock(cache_dir: Path) -> int | None:
@@ -328,7 +330,7 @@ IDLE_WORK_AFTER_S = 1.0
 WARM_TURN_S = 0.2
 
 
-def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str) -> int:
+def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str, spin_s: float = 0.0) -> int:
     """Serve the control pipe and fronts' connections on a unix socket.
 
     Calls from every front wait here and run one at a time, in the order they were sent: each
@@ -338,7 +340,8 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
     the worker takes in every call that has come meanwhile. A connection carries one call at a
     time, so a readable descriptor never has a second frame waiting in its file buffer; one that
     turns readable again while its call waits is its front giving up (EOF): the call is answered
-    cancelled without running.
+    cancelled without running. For `spin_s` after each run it polls instead of sleeping, so that
+    at low load the next call is read as it lands rather than after a wake-up.
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -382,9 +385,14 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
             drop(fd)
 
     idle_for = IDLE_WORK_AFTER_S
+    spin = Spin(spin_s)
+    spinning = False
     try:
         while True:
-            events = sel.select(0 if waiting else (idle_for if worker.deferred else None))
+            events = sel.select(0 if waiting or spinning else (idle_for if worker.deferred else None))
+            if spinning and not events and not waiting:
+                spinning = spin.keep(time.monotonic())
+                continue
             if not events and not waiting and worker.deferred:
                 idle_for = IDLE_WORK_AFTER_S if worker.do_deferred() else WARM_TURN_S
             elif events:
@@ -414,6 +422,7 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
                     write_frame(wfile, late)
                 else:
                     worker.run(msg, body, wfile, watch=fd)
+                    spinning = spin.start(time.monotonic())
             except OSError:  # the front went away meanwhile
                 drop(fd)
     finally:
