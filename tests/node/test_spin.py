@@ -89,8 +89,10 @@ async def test_a_poked_loop_turns_while_it_polls_then_sleeps(monkeypatch: pytest
     awake.poke()  # a second poke while ticking adds no second ticker
     t0 = time.monotonic()
     await asyncio.sleep(0.01)
-    # asleep, the loop would have turned once for the sleep's timer; polling, once per tick
-    assert reads[0] > 50, reads
+    # asleep, the loop would have turned once, for the sleep's timer, and read the switches only
+    # at the stretch's start; polling, it turns and reads them at every tick (hundreds on a quiet
+    # host, 24 on CI's busy 2 cores, where each yield gives the core away for a while)
+    assert reads[0] > 5, reads
     await asyncio.sleep(0.03)
     assert not awake._ticking and time.monotonic() - t0 >= 0.02
     settled = reads[0]
