@@ -24,12 +24,13 @@ import resource
 import time
 
 LOAD_EVERY_S = 0.001
-_CORES = len(os.sched_getaffinity(0))
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+_WHO = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)  # the thread's own where the system counts it
 
 
 def _switches() -> int:
     """This thread's involuntary context switches so far."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    return resource.getrusage(_WHO).ru_nivcsw
 
 
 class _Load:
