@@ -19,6 +19,7 @@ after its last message.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import resource
 import time
@@ -53,14 +54,13 @@ class _Load:
         return running >= _CORES
 
 
-_load: _Load | None = None
+@functools.cache  # opened in the process that polls, not in the fork server that imported this
+def _load() -> _Load:
+    return _Load()
 
 
 def _host_full() -> bool:
-    global _load
-    if _load is None:
-        _load = _Load()
-    return _load.full()
+    return _load().full()
 
 
 class Spin:
