@@ -276,6 +276,28 @@ def test_the_call_paths_targets_are_judged_and_a_two_core_host_has_its_own(capsy
     assert _line(out, "c=32: node / bare with 1 process").split()[-4:] == ["0.40x", ">=", "0.35x", "yes"]
 
 
+def test_with_a_node_run_without_polling_the_cpu_bounds_judge_its_work_and_the_polling_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([3.0])
+    split32 = Split(calls=1000, call_s=1.0, wait_s=0.1, run_s=0.05)  # the guest's run: 50 us a call
+    polled = {
+        Role.FRONT: RoleCpu(Role.FRONT, 8, 330.0, 1.0), Role.SUPERVISOR: RoleCpu(Role.SUPERVISOR, 1, 1.0, 0.01),
+        Role.WORKER: RoleCpu(Role.WORKER, 8, 290.0, 0.97),
+    }
+    work = {**polled, Role.FRONT: RoleCpu(Role.FRONT, 8, 290.0, 0.9), Role.WORKER: RoleCpu(Role.WORKER, 8, 190.0, 0.6)}
+    resting = Loaded(runs={32: _result(1.0, ok=900)}, cpu_use={32: work}, c32_split=split32)
+    _report(r, 8, 8, cpu_use={32: polled}, c32_split=split32, resting=resting)
+    out = capsys.readouterr().out
+    # the default node's figures are shown, not judged: 330 | 1 | 240
+    assert _line(out, "c=32: CPU per call, us").split()[-5:] == ["330", "|", "1", "|", "240"]
+    assert _line(out, "c=32 without polling: req/s").split()[-3:] == ["900", "|", "0.90x"]
+    assert _line(out, "c=32 without polling: CPU per call").split()[-7:] == ["290", "|", "1", "|", "140", "300|5|150", "yes"]
+    assert _line(out, "c=32: CPU per call spent polling").split()[-3:] == ["40", "|", "100"]
+    # its work over a bound fails the line
+    resting.cpu_use[32] = {**work, Role.WORKER: RoleCpu(Role.WORKER, 8, 201.0, 0.6)}
+    _report(r, 8, 8, cpu_use={32: polled}, c32_split=split32, resting=resting)
+    assert _line(capsys.readouterr().out, "c=32 without polling: CPU per call").split()[-2:] == ["300|5|150", "NO"]
+
+
 def test_the_hosts_floor_for_the_other_tenants_figure_is_shown_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
     r = _results([3.0, 6.0])
     for tag, (quiet_alone, private_alone, private_beside) in (("", (1.0, 0.5, 1.0)), ("_1", (2.0, 0.5, 1.5))):
