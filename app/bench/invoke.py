@@ -52,6 +52,9 @@ ECHO_WAT = """
           (br $l))))))
 """
 BODY = "hello"
+# the tenants of the spread runs: many small tenants called together, not one large one
+SPREAD_TENANTS = 16
+SPREAD_CONCURRENCY = 4
 
 # After a run: its last records are written by then (a batch every 0.2 s), so their CPU is the run's...
 _WRITTEN_S = 0.5
@@ -181,6 +184,9 @@ def bench_invoke(args: argparse.Namespace) -> int:
     print("node again, without polling (TENSORWASM_SPIN_US=0)", file=sys.stderr)
     resting = _hot_node(env | {"TENSORWASM_SPIN_US": "0"}, wasm, secs)
     res |= {f"resting_c{c}": r for c, r in resting.runs.items()}
+    spread_workers = max(args.workers, SPREAD_TENANTS)
+    print(f"node again, {SPREAD_TENANTS} tenants called together, {spread_workers} workers", file=sys.stderr)
+    res |= {f"spread_c{c}": r for c, r in _spread_node(env | {"TENSORWASM_MAX_WORKERS": str(spread_workers)}, wasm, secs).items()}
 
     if args.json:
         out: dict[str, object] = {k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}
@@ -201,6 +207,19 @@ class Loaded:
     cpu_use: dict[int, dict[cpu.Role, cpu.RoleCpu]] = field(default_factory=dict)
     phases: dict[int, observed.FrontPhases] = field(default_factory=dict)
     c32_split: observed.Split | None = None
+
+
+def _spread_node(env: dict[str, str], wasm: bytes, secs: float) -> dict[int, WrkResult]:
+    """A node of its own with `SPREAD_TENANTS` tenants of `max_concurrency` `SPREAD_CONCURRENCY`,
+    each request of the c=32 and c=256 runs the next tenant's."""
+    with node_process(**env) as (base, _pid), httpx.Client(base_url=base, timeout=60) as client:
+        url = f"{base}/v1/functions/echo/invoke"
+        keys = [
+            setup_tenant(client, f"spread{i:02d}", {"echo": wasm}, requests_per_second=100_000, max_concurrency=SPREAD_CONCURRENCY)
+            for i in range(SPREAD_TENANTS)
+        ]
+        run_wrk(url, connections=SPREAD_TENANTS, seconds=2, method="POST", body=BODY, rotate=keys)  # binds every tenant's worker
+        return {c: run_wrk(url, connections=c, seconds=secs, method="POST", body=BODY, rotate=keys) for c in (32, 256)}
 
 
 def _hot_node(env: dict[str, str], wasm: bytes, secs: float) -> Loaded:
@@ -319,6 +338,13 @@ def _report(
         node, bare = r[f"node_c{c}"], r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
         _line(f"c={c}: node req/s (200s) | bare {procs}-process req/s", f"{node.goodput:.0f} | {bare.rps:.0f}")
         _line(f"c={c}: node / bare with {procs} processes", f"{node.goodput / bare.rps:.2f}x", ">= 0.35x", node.goodput / bare.rps >= 0.35)
+    for c in (32, 256):
+        if (spread := r.get(f"spread_c{c}")) is not None:
+            bare = r[f"bareN_c{c}" if c == 256 else "bareN_c32"]
+            who = f"c={c} over {SPREAD_TENANTS} tenants of max_concurrency {SPREAD_CONCURRENCY}"
+            _line(f"{who}: node req/s (200s) | 429s", f"{spread.goodput:.0f} | {spread.limited}")
+            ratio = spread.goodput / bare.rps
+            _line(f"{who}: node / bare", f"{ratio:.2f}x", ">= 0.35x", ratio >= 0.35)
     for c, roles in (cpu_use or {}).items():  # which process is the wall: one near 100% of a core
         _line(
             f"c={c}: node CPU per call, us (busiest process, % of a core)",

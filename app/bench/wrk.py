@@ -29,8 +29,26 @@ wrk.body = %(body)s
 %(headers)s
 local timed = %(timed)s
 local alternate = %(alternate)s
+local rotate = %(rotate)s
 local threads = {}
-function setup(thread) table.insert(threads, thread) end
+function setup(thread) thread:set("first", #threads); table.insert(threads, thread) end
+if rotate ~= nil then
+  -- each request with the next set of headers; each thread starts at its own set
+  local formatted, turn
+  function request()
+    if formatted == nil then
+      formatted = {}
+      for k, set in ipairs(rotate) do
+        local h = {}
+        for name, v in pairs(set) do h[name] = v end
+        formatted[k] = wrk.format(nil, nil, h)
+      end
+      turn = first %% #formatted
+    end
+    turn = turn %% #formatted + 1
+    return formatted[turn]
+  end
+end
 function init(args) ok = 0; limited = 0; other = 0; took = {}; took_alt = {}; n = 0 end
 local clock, now_us, sent, alt
 if timed then
@@ -86,6 +104,11 @@ def _lua_str(s: str) -> str:
     return json.dumps(s)  # a JSON string literal is a valid Lua string literal for ASCII text
 
 
+def _lua_table(sets: list[dict[str, str]]) -> str:
+    rows = ("{" + ", ".join(f"[{_lua_str(k)}] = {_lua_str(v)}" for k, v in h.items()) + "}" for h in sets)
+    return "{" + ", ".join(rows) + "}"
+
+
 @dataclass(frozen=True)
 class WrkResult:
     requests: int
@@ -132,12 +155,16 @@ def run_wrk(
     headers: dict[str, str] | None = None,
     timed: bool = False,
     alternate: str | None = None,
+    rotate: list[dict[str, str]] | None = None,
 ) -> WrkResult:
     """`timed`: also time each request here (one connection per thread; calls wrk's Lua for every
     request, so for latency runs, not for throughput). `alternate` (a timed run's): another path
-    on the same server, every other call of each connection, timed apart."""
+    on the same server, every other call of each connection, timed apart. `rotate` (an untimed
+    run's): header sets taken in turn, one a request (each request formatted once, up front)."""
     if alternate is not None and not timed:
         raise ValueError("alternate paths are timed runs")
+    if rotate is not None and (timed or not rotate):
+        raise ValueError("rotated headers are for untimed runs, with at least one set")
     exe = wrk_path()
     if exe is None:
         raise RuntimeError(INSTALL_HINT)
@@ -146,6 +173,7 @@ def run_wrk(
     script = _SCRIPT % {
         "method": method, "body": _lua_str(body), "headers": lines, "timed": "true" if timed else "false",
         "alternate": _lua_str(alternate) if alternate is not None else "nil",
+        "rotate": _lua_table(rotate) if rotate is not None else "nil",
     }
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)

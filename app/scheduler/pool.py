@@ -281,8 +281,10 @@ class WorkerPool:
             return None
         return min(spares, key=lambda w: (-(self.devices[w.device_index].free_bytes() or 0), w.device_index))
 
-    def provide_spare(self, cap: int, exclude: str) -> Progress:
-        """Make a spare for `cap` come: start one, or evict an idle worker of another tenant."""
+    def provide_spare(self, cap: int, exclude: str, homeless: int | None = None) -> Progress:
+        """Make a spare for `cap` come: start one, or evict an idle worker of another tenant.
+        `homeless`: the tenants waiting for their first worker (None: as many as wait); starts
+        are made room for, by eviction, for no more than that many at once."""
         starting = [w for w in self.workers if w.state == WorkerState.STARTING]
         if sum(1 for w in starting if self.devices[w.device_index].fits(cap)) >= self.binders:
             return Progress.PENDING
@@ -295,10 +297,13 @@ class WorkerPool:
         # worker does.
         if self.spare_gives_way(cap):
             return Progress.AGAIN
-        # Every slot taken: make room for one more start while fewer are under way than calls
-        # wait and the parallel-start bound allows, so the driver always has the next context
-        # to create (starts one after another would leave it idle between them).
-        if len(starting) < self.settings.max_parallel_starts and self.evict_one(exclude, cap):
+        # Every slot taken: make room for one more start while fewer are under way than tenants
+        # wait for their first worker and the parallel-start bound allows, so the driver always
+        # has the next context to create (starts one after another would leave it idle between
+        # them); a tenant's several calls, or a tenant that holds a worker, make room for none
+        # (each eviction would leave another tenant to make room in turn).
+        room_for = self.settings.max_parallel_starts if homeless is None else min(homeless, self.settings.max_parallel_starts)
+        if len(starting) < room_for and self.evict_one(exclude, cap):
             return Progress.AGAIN
         if starting or any(w.retire_reason and w.state != WorkerState.DEAD for w in self.workers):
             return Progress.PENDING  # a start, or a drained worker's slot, is on its way
@@ -344,13 +349,24 @@ class WorkerPool:
         return helps
 
     def evict_one(self, exclude: str, cap: int = 0) -> bool:
-        """Retire the least recently used idle worker of another tenant whose departure makes
-        room for a context with `cap`."""
+        """Retire an idle worker of another tenant whose departure makes room for a context with
+        `cap`: the least recently used of those unused for `retire_idle_after_s`, else one of the
+        tenant in use that holds the most workers (max-min: between two calls a worker in steady
+        use looks idle, and the tenant with the most gives one up first), its least recently
+        used."""
         helps = self._makes_room(cap)
         idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude and helps(w) and not self.busy(w)]
         if not idle:
             return False
-        self.retire(min(idle, key=self.last_used), "evicted")
+        held: Counter[str | None] = Counter(w.tenant_id for w in self.alive() if w.tenant_id is not None and not w.retire_reason)
+        in_use_since = time.monotonic() - self.settings.retire_idle_after_s
+
+        def order(w: WorkerHandle) -> tuple[bool, int, float]:
+            used = self.last_used(w)
+            in_use = used > in_use_since
+            return in_use, -held[w.tenant_id] if in_use else 0, used
+
+        self.retire(min(idle, key=order), "evicted")
         return True
 
     def rotate_one(self, exclude: str, cap: int = 0) -> bool:

@@ -85,9 +85,10 @@ async def discover_devices(settings: Settings) -> Inventory:
 
 @dataclass(eq=False)
 class _InLine:
-    """A call waiting for a worker to bind, by the GPU cap it needs."""
+    """A call waiting for a worker to bind, by the GPU cap it needs and its tenant."""
 
     cap: int
+    tenant: str = ""
 
 
 @dataclass
@@ -362,7 +363,7 @@ class Scheduler:
         self.pool.binders += 1  # calls waiting for a worker that none of theirs can serve
         self.pool.waiting_caps[cap] += 1
         waiting = True
-        place = _InLine(cap)
+        place = _InLine(cap, ts.principal.id)
         self._line.append(place)
         short = False
         try:
@@ -407,7 +408,7 @@ class Scheduler:
                             f"that could serve this call would be ready in {eta - time.monotonic():.2f} s, "
                             "longer than this call may still wait (its tenant's timeout)"
                         )
-                    progress = self.pool.provide_spare(cap, exclude=ts.principal.id)
+                    progress = self.pool.provide_spare(cap, exclude=ts.principal.id, homeless=self._homeless(ts))
                     if progress == Progress.AGAIN:  # room made: its replacement may start now
                         stuck_until = None
                         continue
@@ -432,6 +433,13 @@ class Scheduler:
                 del self.pool.waiting_caps[cap]
             if waiting:
                 self.pool.binders -= 1
+
+    def _homeless(self, ts: _Tenant) -> int:
+        """Tenants whose calls wait for their first worker, 0 when `ts` holds one: a tenant that
+        holds workers waits for them (or grows into a spare) rather than evicting another's."""
+        if ts.workers:
+            return 0
+        return len({p.tenant for p in self._line if (t := self.tenants.get(p.tenant)) is not None and not t.workers})
 
     def _first_in_line(self, place: _InLine) -> bool:
         """No call that came before this one could take a spare that is ready now."""

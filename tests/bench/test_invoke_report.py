@@ -298,6 +298,19 @@ def test_with_a_node_run_without_polling_the_cpu_bounds_judge_its_work_and_the_p
     assert _line(capsys.readouterr().out, "c=32 without polling: CPU per call").split()[-2:] == ["300|5|150", "NO"]
 
 
+def test_the_spread_tenants_runs_are_judged_against_bare_echo(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([3.0])
+    r["spread_c32"], r["spread_c256"] = _result(1.0, ok=400), _result(1.0, ok=300)  # bare: 1,000 req/s each
+    _report(r, 8, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "c=32 over 16 tenants of max_concurrency 4: node req/s").split()[-3:] == ["400", "|", "0"]
+    assert _line(out, "c=32 over 16 tenants of max_concurrency 4: node / bare").split()[-4:] == ["0.40x", ">=", "0.35x", "yes"]
+    assert _line(out, "c=256 over 16 tenants of max_concurrency 4: node / bare").split()[-4:] == ["0.30x", ">=", "0.35x", "NO"]
+    # a report without those runs has no such lines
+    _report(_results([3.0]), 8, 8)
+    assert "over 16 tenants" not in capsys.readouterr().out
+
+
 def test_the_hosts_floor_for_the_other_tenants_figure_is_shown_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
     r = _results([3.0, 6.0])
     for tag, (quiet_alone, private_alone, private_beside) in (("", (1.0, 0.5, 1.0)), ("_1", (2.0, 0.5, 1.5))):

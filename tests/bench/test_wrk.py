@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,9 +36,10 @@ def test_the_one_hop_baseline_echoes_through_its_other_process() -> None:
 
 
 @contextmanager
-def _one_slow_reply(delay_s: float, slow_path: bytes | None = None) -> Iterator[str]:
+def _one_slow_reply(delay_s: float, slow_path: bytes | None = None, heads: list[bytes] | None = None) -> Iterator[str]:
     """A bare HTTP server answering at once, but its 500th request after `delay_s`; with
-    `slow_path`, every request for that path after `delay_s` instead."""
+    `slow_path`, every request for that path after `delay_s` instead; each request's head kept in
+    `heads` where given."""
     loop = asyncio.new_event_loop()
     served = 0
 
@@ -47,6 +49,8 @@ def _one_slow_reply(delay_s: float, slow_path: bytes | None = None) -> Iterator[
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 served += 1
+                if heads is not None:
+                    heads.append(head)
                 path = head.split(b" ", 2)[1]
                 if (served == 500 and slow_path is None) or path == slow_path:
                     await asyncio.sleep(delay_s)
@@ -92,6 +96,21 @@ def test_an_alternate_path_is_called_every_other_time_and_timed_apart() -> None:
     assert r.timed_p50_ms < 3 and r.alternate_p50_ms >= 5
     with pytest.raises(ValueError):
         run_wrk(url, connections=1, seconds=1, alternate="/slow")  # only timed runs alternate
+
+
+def test_rotated_headers_take_turns_one_set_a_request() -> None:
+    heads: list[bytes] = []
+    sets = [{"Authorization": f"Bearer key{i}"} for i in range(4)]
+    with _one_slow_reply(10.0, slow_path=b"/never", heads=heads) as url:
+        r = run_wrk(url, connections=4, threads=2, seconds=1, rotate=sets)
+        with pytest.raises(ValueError):
+            run_wrk(url, connections=1, seconds=1, timed=True, rotate=sets)  # a timed run keeps its own request()
+    assert r.ok == r.requests > 100 and r.socket_errors == 0
+    keys = Counter(line.split(b" ")[-1] for head in heads for line in head.split(b"\r\n") if line.lower().startswith(b"authorization:"))
+    assert set(keys) == {f"key{i}".encode() for i in range(4)}
+    # each thread goes round the sets in turn: no set gets much more than its share
+    assert max(keys.values()) - min(keys.values()) <= 2 * 4
+    assert all(head.startswith(b"GET / ") and head.endswith(b"\r\n\r\n") for head in heads)
 
 
 def test_the_guest_floor_runs_the_echo_guest_in_its_far_processes() -> None:

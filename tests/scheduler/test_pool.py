@@ -119,6 +119,50 @@ async def test_eviction_picks_the_least_recently_used_idle_worker_of_another_ten
         assert p.workers == [mine, busy]
 
 
+async def test_among_workers_in_use_the_tenant_holding_the_most_gives_one_up_first(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, _, _seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        only, first, second, quiet = p.workers
+        now = time.monotonic()
+        bind(only, "c", last_used=now - 0.05)  # c's only worker, between two of its calls: the least recently used
+        bind(first, "b", last_used=now - 0.01)
+        bind(second, "b", last_used=now - 0.02)
+        bind(quiet, "d", last_used=now - 60)  # unused past retire_idle_after_s: goes before any in use
+        p.settings.warm_spares = 0
+        assert p.evict_one(exclude="a") and quiet not in p.workers
+        # b holds two: its least recently used goes, not c's only one
+        assert p.evict_one(exclude="a") and second not in p.workers and only in p.workers
+        # one each now: the least recently used takes its turn
+        assert p.evict_one(exclude="a") and only not in p.workers and p.workers == [first]
+
+
+async def test_a_tenants_several_calls_make_room_for_one_start_and_a_tenant_with_a_worker_for_none(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=5, warm_spares=5, max_parallel_starts=6) as (p, starts, _):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 5, "five spares", 2)
+        now = time.monotonic()
+        for w, tenant in zip(p.workers, "abcde", strict=True):
+            bind(w, tenant, last_used=now)  # every slot serving a tenant in use
+        p.workers[0].state = WorkerState.BUSY  # a's one worker runs a call; a's next waits
+        p.settings.warm_spares = 0
+        starts.seconds = 30.0  # starts stay under way
+        p.binders = 4  # four calls wait for a worker
+        # a holds a worker: its call waits for that one and evicts nobody
+        assert p.provide_spare(0, exclude="a", homeless=0) == Progress.NONE and p.restarts["evicted"] == 0
+        # f holds none: room for one start
+        assert p.provide_spare(0, exclude="f", homeless=1) == Progress.AGAIN and p.restarts["evicted"] == 1
+        assert p.provide_spare(0, exclude="f", homeless=1) == Progress.PENDING  # the start under way
+        await until(lambda: any(w.state == WorkerState.STARTING for w in p.workers), "its start under way", 2)
+        # f's other calls: that start is for it, nothing more is evicted
+        for _ in range(3):
+            assert p.provide_spare(0, exclude="f", homeless=1) == Progress.PENDING
+        assert p.restarts["evicted"] == 1
+        # where nothing says how many tenants wait, every waiting call makes room, as far as the
+        # parallel starts allow
+        assert p.provide_spare(0, exclude="f") == Progress.AGAIN and p.restarts["evicted"] == 2
+
+
 async def test_with_every_slot_serving_the_worker_bound_longest_ago_takes_its_turn(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=3, warm_spares=3) as (p, _, seen):
         p.ensure_spares()
