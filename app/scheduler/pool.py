@@ -353,7 +353,9 @@ class WorkerPool:
         `cap`: the least recently used of those unused for `retire_idle_after_s`, else one of the
         tenant in use that holds the most workers (max-min: between two calls a worker in steady
         use looks idle, and the tenant with the most gives one up first), its least recently
-        used."""
+        used. The only worker of a tenant in use goes only while no start is under way: its
+        tenant will want one back at its next call, so such turns come one at a time, and a
+        start under way serves the tenant first in line instead."""
         helps = self._makes_room(cap)
         idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude and helps(w) and not self.busy(w)]
         if not idle:
@@ -366,7 +368,10 @@ class WorkerPool:
             in_use = used > in_use_since
             return in_use, -held[w.tenant_id] if in_use else 0, used
 
-        self.retire(min(idle, key=order), "evicted")
+        w = min(idle, key=order)
+        if order(w)[0] and held[w.tenant_id] == 1 and any(x.state == WorkerState.STARTING for x in self.workers):
+            return False  # one such turn at a time: the start under way goes to the first in line
+        self.retire(w, "evicted")
         return True
 
     def rotate_one(self, exclude: str, cap: int = 0) -> bool:
