@@ -102,6 +102,7 @@ class WorkerPool:
         # and no more starts are made for them than they need
         self.waiting_caps: Counter[int] = Counter()
         self.binders = 0  # calls waiting for a worker that none of theirs can serve
+        self._evicted: dict[str, float] = {}  # tenant id -> when a worker of its, in use, was last evicted
         # each GPU worker's row in the node's GPU share table, and the GPU time of workers gone
         self.share: ShareTable | None = None
         self.gpu_seconds: dict[tuple[str, int], float] = {}  # (tenant name, device): of workers gone
@@ -353,9 +354,9 @@ class WorkerPool:
         `cap`: the least recently used of those unused for `retire_idle_after_s`, else one of the
         tenant in use that holds the most workers (max-min: between two calls a worker in steady
         use looks idle, and the tenant with the most gives one up first), its least recently
-        used. The only worker of a tenant in use goes only while no start is under way: its
-        tenant will want one back at its next call, so such turns come one at a time, and a
-        start under way serves the tenant first in line instead."""
+        used. A tenant that lost a worker in use this way within `retire_idle_after_s` does not
+        take another tenant's only one while a start is under way: that tenant would want one
+        back at its next call and do the same, round the node; it waits for the start instead."""
         helps = self._makes_room(cap)
         idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude and helps(w) and not self.busy(w)]
         if not idle:
@@ -369,8 +370,14 @@ class WorkerPool:
             return in_use, -held[w.tenant_id] if in_use else 0, used
 
         w = min(idle, key=order)
-        if order(w)[0] and held[w.tenant_id] == 1 and any(x.state == WorkerState.STARTING for x in self.workers):
-            return False  # one such turn at a time: the start under way goes to the first in line
+        now = time.monotonic()
+        if order(w)[0] and w.tenant_id is not None:
+            evicted_lately = self._evicted.get(exclude, 0.0) > in_use_since
+            if held[w.tenant_id] == 1 and evicted_lately and any(x.state == WorkerState.STARTING for x in self.workers):
+                return False  # it waits for the start under way instead of passing its loss on
+            if len(self._evicted) > 4 * max(1, self.settings.max_workers):
+                self._evicted = {t: at for t, at in self._evicted.items() if at > in_use_since}
+            self._evicted[w.tenant_id] = now
         self.retire(w, "evicted")
         return True
 

@@ -365,6 +365,8 @@ class Scheduler:
         waiting = True
         place = _InLine(cap, ts.principal.id)
         self._line.append(place)
+        if not ts.workers:
+            self._notify()  # one more tenant without a worker: the first in line may make room for its start too
         short = False
         try:
             while True:
