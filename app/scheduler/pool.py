@@ -362,7 +362,8 @@ class WorkerPool:
         if not idle:
             return False
         held: Counter[str | None] = Counter(w.tenant_id for w in self.alive() if w.tenant_id is not None and not w.retire_reason)
-        in_use_since = time.monotonic() - self.settings.retire_idle_after_s
+        now = time.monotonic()
+        in_use_since = now - self.settings.retire_idle_after_s
 
         def order(w: WorkerHandle) -> tuple[bool, int, float]:
             used = self.last_used(w)
@@ -370,7 +371,6 @@ class WorkerPool:
             return in_use, -held[w.tenant_id] if in_use else 0, used
 
         w = min(idle, key=order)
-        now = time.monotonic()
         if order(w)[0] and w.tenant_id is not None:
             evicted_lately = self._evicted.get(exclude, 0.0) > in_use_since
             if held[w.tenant_id] == 1 and evicted_lately and any(x.state == WorkerState.STARTING for x in self.workers):
