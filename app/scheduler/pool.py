@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 WorkerFactory = Callable[[Device], WorkerHandle]
 
 
+_ON_ITS_WAY = frozenset({WorkerState.STARTING, WorkerState.SPARE, WorkerState.BINDING})
+
+
 class Progress(Enum):
     """What getting a spare for a waiting call has under way."""
 
@@ -173,15 +176,30 @@ class WorkerPool:
         share = self.room_share() if room else 0
         return spare_target(self.arrivals.rate(), self.start_times.typical(), len(self.devices), s.warm_spares, s.max_warm_spares, share)
 
-    def room_share(self) -> int:
-        """Spares per device from the node's room: `spare_room_share` of the slots no tenant
-        holds, the slots being `max_workers` or, if fewer, the contexts its devices may hold."""
-        s = self.settings
-        slots = s.max_workers
+    def slots(self) -> int:
+        """Workers the node may hold: `max_workers` or, if fewer, the contexts its devices may hold."""
+        slots = self.settings.max_workers
         if all(d.ceiling for d in self.devices.devices):
             slots = min(slots, sum(d.ceiling for d in self.devices.devices))
+        return slots
+
+    def room_share(self) -> int:
+        """Spares per device from the node's room: `spare_room_share` of the slots no tenant holds."""
         held = sum(1 for w in self.alive() if w.tenant_id is not None)
-        return room_spares(slots - held, len(self.devices), s.spare_room_share)
+        return room_spares(self.slots() - held, len(self.devices), self.settings.spare_room_share)
+
+    def crowded(self, cap: int, homeless: int | None) -> bool:
+        """More tenants want a worker (those holding one, and `homeless` waiting for their first;
+        None: unknown) than the node has slots, or the devices (a ceiling, a memory budget), not
+        the slots, stand in the way of a context with `cap`: only then does one tenant's only
+        worker in use make way for another's, a turn each. Otherwise a tenant without one waits
+        for a worker on its way (a start, a spare being bound, a drained one's slot) or for a
+        tenant holding several to give one up: taking an only worker would just move the wait
+        to its tenant."""
+        if homeless is None or self.devices.place(cap) is None:
+            return True
+        holding = {w.tenant_id for w in self.alive() if w.tenant_id is not None and not w.retire_reason}
+        return len(holding) + homeless > self.slots()
 
     def spares_short(self) -> None:
         """A new tenant found no spare ready: keep twice as many ahead of arrivals (within
@@ -304,10 +322,18 @@ class WorkerPool:
         # them); a tenant's several calls, or a tenant that holds a worker, make room for none
         # (each eviction would leave another tenant to make room in turn).
         room_for = self.settings.max_parallel_starts if homeless is None else min(homeless, self.settings.max_parallel_starts)
-        if len(starting) < room_for and self.evict_one(exclude, cap):
+        crowded = self.crowded(cap, homeless)
+        # A node with a slot for every tenant that wants one, and a worker on its way, has a
+        # tenant about to hold two (a spare being bound as another's second) or a start or a
+        # slot coming: it waits for that rather than take a tenant's only worker in use.
+        coming = any(
+            w.state in _ON_ITS_WAY and (w.state != WorkerState.SPARE or self.devices[w.device_index].fits(cap)) or w.retire_reason
+            for w in self.alive()
+        )
+        if len(starting) < room_for and self.evict_one(exclude, cap, crowded or not coming):
             return Progress.AGAIN
-        if starting or any(w.retire_reason and w.state != WorkerState.DEAD for w in self.workers):
-            return Progress.PENDING  # a start, or a drained worker's slot, is on its way
+        if coming:
+            return Progress.PENDING
         if self.hooks.give_up_worker(exclude) or self.rotate_one(exclude, cap):
             return Progress.PENDING
         return Progress.NONE
@@ -349,14 +375,15 @@ class WorkerPool:
 
         return helps
 
-    def evict_one(self, exclude: str, cap: int = 0) -> bool:
+    def evict_one(self, exclude: str, cap: int = 0, crowded: bool = True) -> bool:
         """Retire an idle worker of another tenant whose departure makes room for a context with
         `cap`: the least recently used of those unused for `retire_idle_after_s`, else one of the
         tenant in use that holds the most workers (max-min: between two calls a worker in steady
         use looks idle, and the tenant with the most gives one up first), its least recently
-        used. A tenant that lost a worker in use this way within `retire_idle_after_s` does not
-        take another tenant's only one while a start is under way: that tenant would want one
-        back at its next call and do the same, round the node; it waits for the start instead."""
+        used. A tenant's only worker in use goes only when the node is `crowded`; and then not
+        to a tenant that lost one in use within `retire_idle_after_s` while a start is under
+        way: the loser would want one back at its next call and do the same, round the node; it
+        waits for the start instead."""
         helps = self._makes_room(cap)
         idle = [w for w in self.workers if w.state == WorkerState.IDLE and w.tenant_id != exclude and helps(w) and not self.busy(w)]
         if not idle:
@@ -370,9 +397,13 @@ class WorkerPool:
             in_use = used > in_use_since
             return in_use, -held[w.tenant_id] if in_use else 0, used
 
+        if not crowded:
+            idle = [w for w in idle if held[w.tenant_id] > 1 or not order(w)[0]]
+            if not idle:
+                return False
         w = min(idle, key=order)
         if order(w)[0] and w.tenant_id is not None:
-            evicted_lately = self._evicted.get(exclude, 0.0) > in_use_since
+            evicted_lately = exclude in self._evicted and self._evicted[exclude] > in_use_since  # (a monotonic clock may be young)
             if held[w.tenant_id] == 1 and evicted_lately and any(x.state == WorkerState.STARTING for x in self.workers):
                 return False  # it waits for the start under way instead of passing its loss on
             if len(self._evicted) > 4 * max(1, self.settings.max_workers):

@@ -99,6 +99,7 @@ class _Tenant:
     workers: list[WorkerHandle] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
     growing: bool = False  # a bind asked by a front's `grow` is under way
+    binding: int = 0  # spares being bound to it now: workers on their way, not yet in `workers`
     warm: bool = False  # a worker of the tenant that has gone had used the backend's deferred set-up
 
     @property
@@ -437,11 +438,13 @@ class Scheduler:
                 self.pool.binders -= 1
 
     def _homeless(self, ts: _Tenant) -> int:
-        """Tenants whose calls wait for their first worker, 0 when `ts` holds one: a tenant that
-        holds workers waits for them (or grows into a spare) rather than evicting another's."""
-        if ts.workers:
+        """Tenants whose calls wait for their first worker with none being bound to them, 0 when
+        `ts` holds one or is being bound one: a tenant that holds workers waits for them (or
+        grows into a spare) rather than evicting another's, and a spare binding is a worker
+        already found (counting its tenant would make room for a start nobody needs)."""
+        if ts.workers or ts.binding:
             return 0
-        return len({p.tenant for p in self._line if (t := self.tenants.get(p.tenant)) is not None and not t.workers})
+        return len({p.tenant for p in self._line if (t := self.tenants.get(p.tenant)) is not None and not t.workers and not t.binding})
 
     def _first_in_line(self, place: _InLine) -> bool:
         """No call that came before this one could take a spare that is ready now."""
@@ -466,6 +469,7 @@ class Scheduler:
         spare.state = WorkerState.BINDING
         device = self.devices[spare.device_index]
         self.devices.bound(device, cap)  # now: other calls place while this one binds
+        ts.binding += 1
         try:
             share_path = str(self.share.path) if self.share is not None else ""
             warm = ts.warm or any(w.used_deferred() for w in ts.workers)
@@ -478,6 +482,8 @@ class Scheduler:
             self.devices.bound(device, -cap)
             self.pool.retire(spare, "cancelled")
             raise
+        finally:
+            ts.binding -= 1
         if self.on_bind is not None:
             self.on_bind(time.perf_counter() - t_acquire)  # waiting for a spare included
         spare.bound_at = time.monotonic()

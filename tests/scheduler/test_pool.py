@@ -235,3 +235,60 @@ async def test_the_next_start_is_expected_one_start_per_start_ahead_of_it_at_the
         assert eta is not None and 0.1 < eta - t0 < 0.26  # one begun now: one start (the median as they came: 0.3)
         assert p.start_times.typical() == pytest.approx(0.3, abs=0.1)  # 0.2, then 0.2, 0.4, 0.6 as they came
         assert p.start_times.alone() == pytest.approx(0.2, abs=0.05)
+
+
+async def test_with_a_slot_for_every_tenant_an_only_worker_in_use_waits_for_one_on_its_way(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, _, _seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        b, c, d, second = p.workers
+        now = time.monotonic()
+        for w, tenant in ((b, "b"), (c, "c"), (d, "d")):
+            bind(w, tenant, last_used=now)  # each in use, between two of its calls
+        second.state = WorkerState.BINDING  # a spare being bound as b's second
+        p.settings.warm_spares = 0
+        p.binders = 1  # a's call waits for a worker
+        # b, c, d and a: four tenants, four slots. Taking c's only worker would leave c to take
+        # another's at its next call; a waits for the worker on its way instead
+        assert p.provide_spare(0, exclude="a", homeless=1) == Progress.PENDING and p.restarts["evicted"] == 0
+        bind(second, "b", last_used=now - 0.01)  # b holds two now: its least recently used goes
+        assert p.provide_spare(0, exclude="a", homeless=1) == Progress.AGAIN and second not in p.workers
+        assert {w.tenant_id for w in p.workers} == {"b", "c", "d"}
+
+
+async def test_an_only_worker_in_use_goes_when_the_node_is_crowded_or_nothing_is_on_its_way(tmp_path: Path) -> None:
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, starts, _seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        starts.seconds = 30.0  # starts stay under way
+        now = time.monotonic()
+        busy1, busy2, c, d = p.workers
+        for w, tenant in ((busy1, "b"), (busy2, "b"), (c, "c"), (d, "d")):
+            bind(w, tenant, last_used=now)
+        busy1.state = busy2.state = WorkerState.BUSY  # b's two run long calls
+        p.settings.warm_spares = 0
+        p.binders = 2  # a's call and, later, e's wait for a worker
+        # nothing on its way and b's workers busy: c's idle one (the least recently used) goes now
+        # rather than a wait for one of b's long calls to end
+        c.last_used = now - 0.01
+        assert p.provide_spare(0, exclude="a", homeless=1) == Progress.AGAIN and c not in p.workers
+        assert p.provide_spare(0, exclude="a", homeless=1) == Progress.PENDING  # a's start, in c's slot
+        # crowded: five tenants want the four slots (b and d hold them; a, c and e wait, a start on
+        # its way for a): d's only worker takes its turn for e
+        assert p.crowded(0, homeless=3) and not p.crowded(0, homeless=2)
+        assert [w.state for w in p.workers].count(WorkerState.STARTING) == 1
+        assert p.provide_spare(0, exclude="e", homeless=3) == Progress.AGAIN and d not in p.workers
+
+
+async def test_a_tenant_never_evicted_is_not_held_back_on_a_young_clock(tmp_path: Path) -> None:
+    # `retire_idle_after_s` longer than the host's uptime: "evicted lately" must not read an
+    # absent entry as a time
+    async with pool(tmp_path, gpus(Device(0, "0")), max_workers=3, warm_spares=3, retire_idle_after_s=1e12) as (p, _, _seen):
+        p.ensure_spares()
+        await until(lambda: spares(p)[0] == 3, "three spares", 2)
+        b, c, starting = p.workers
+        bind(b, "b", last_used=time.monotonic())
+        bind(c, "c", last_used=time.monotonic())
+        starting.state = WorkerState.STARTING
+        p.settings.warm_spares = 0
+        assert p.evict_one(exclude="a") and b not in p.workers
