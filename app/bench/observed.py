@@ -115,6 +115,11 @@ def stalls(samples: list[Sample], host: HostCpu) -> Stalls:
     return Stalls(stalled("tensorwasm_event_loop_lag_seconds"), stalled("tensorwasm_supervisor_event_loop_lag_seconds"), gc, host)
 
 
+def worker_states(samples: list[Sample]) -> Counter[str]:
+    """The node's worker processes by state now (starting, spare, binding, idle, busy)."""
+    return Counter({s.labels["state"]: int(s.value) for s in samples if s.name == "tensorwasm_workers"})
+
+
 def front_turns(samples: list[Sample]) -> int:
     """Turns waited for in the fronts so far (app/node/front_share.py): up to two a call."""
     return int(_matching(samples, "tensorwasm_front_turns_total", {}))

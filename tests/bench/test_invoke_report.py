@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.bench.cpu import HostCpu, Role, RoleCpu
-from app.bench.invoke import Loaded, _phase_summary, _report
+from app.bench.invoke import Loaded, Spread, _phase_summary, _report
 from app.bench.observed import FrontPhases, Slow, Split, Stalls, front_phases, front_turns, replaced, scrape, slow_calls, split, stalls
 from app.bench.wrk import WrkResult
 from app.observability.phases import Phase
@@ -306,6 +306,9 @@ def test_the_spread_tenants_runs_are_judged_against_bare_echo(capsys: pytest.Cap
     assert _line(out, "c=32 over 16 tenants of max_concurrency 4: node req/s").split()[-3:] == ["400", "|", "0"]
     assert _line(out, "c=32 over 16 tenants of max_concurrency 4: node / bare").split()[-4:] == ["0.40x", ">=", "0.35x", "yes"]
     assert _line(out, "c=256 over 16 tenants of max_concurrency 4: node / bare").split()[-4:] == ["0.30x", ">=", "0.35x", "NO"]
+    # the workers replaced during those runs, by reason, and the warm-up before them
+    _report(r, 8, 8, spread=Spread(replaced=Counter({"evicted": 3, "rotated": 1, "crashed": 0}), warm_s=4.31))
+    assert _line(capsys.readouterr().out, "16 tenants: warm-up (s)").split()[-7:] == ["4.3", "|", "4", "(evicted", "3,", "rotated", "1)"]
     # a report without those runs has no such lines
     _report(_results([3.0]), 8, 8)
     assert "over 16 tenants" not in capsys.readouterr().out
