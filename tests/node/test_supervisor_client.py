@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import app.node.supervisor_client as supervisor_client
 from app.contract.errors import NoCapacity, Rejected
 from app.contract.messages import (
     Granted,
+    Grow,
     Hello,
     LeaseRequest,
     LeaseToken,
@@ -24,6 +26,7 @@ from app.contract.messages import (
     Refusal,
     RefusalKind,
     ReleaseLease,
+    Routes,
     WithdrawLease,
 )
 from app.node.ipc import MessageProtocol, pack
@@ -151,3 +154,32 @@ async def test_refusals_reach_the_call(tmp_path: Path) -> None:
         with pytest.raises(NoCapacity, match="busy"):
             await call
         assert sup.quiet()
+
+
+async def test_grow_hints_slow_down_while_unanswered_and_start_over_when_the_tenants_workers_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(supervisor_client, "_now", lambda: now[0])
+    async with front(tmp_path) as (client, sup):
+        t = tenant()
+
+        async def hints_at(*times: float) -> int:
+            for at in times:
+                now[0] = 100.0 + at
+                client._grow(t)
+            await asyncio.sleep(0.05)  # what was sent has arrived
+            sent = 0
+            while not sup.got.empty():
+                sent += isinstance(sup.got.get_nowait(), Grow)
+            return sent
+
+        # asked every 10 ms for 2 s: hints at 0, 50, 150, 350, 750 ms, then a second apart (1.55 s)
+        assert await hints_at(*(i / 100 for i in range(200))) == 6
+        # a full node answers none: the pace stays at a second
+        assert await hints_at(2.0, 2.5) == 0
+        assert await hints_at(2.56) == 1
+        # the tenant's workers changed: the first pace again
+        sup.send(Routes(t.id, []))
+        await asyncio.sleep(0.05)
+        assert await hints_at(3.01, 3.02, 3.07) == 2
