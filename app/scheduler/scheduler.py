@@ -486,7 +486,9 @@ class Scheduler:
             ts.binding -= 1
         if self.on_bind is not None:
             self.on_bind(time.perf_counter() - t_acquire)  # waiting for a spare included
-        spare.bound_at = time.monotonic()
+        # in use from now: a spare's `last_used` is its start, and a worker just bound whose first
+        # call has not ended would read as unused for that long (the first to evict)
+        spare.bound_at = spare.last_used = time.monotonic()
         ts.workers.append(spare)
         # Refill once this call has answered: spawning a process forks the api process, which
         # would otherwise land inside the cold call it serves.

@@ -247,3 +247,15 @@ def test_a_new_tenant_short_of_a_spare_doubles_the_arrivals_part_not_the_rooms(t
     assert pool.spare_target() == 20 and pool.spare_target(room=False) == 1
     pool.spares_short()
     assert pool.spare_target(room=False) == 2 and pool.spare_target() == 20
+
+
+async def test_a_spare_bound_after_waiting_counts_as_used_from_its_bind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a spare's `last_used` is its start: bound after waiting longer than retire_idle_after_s, it
+    # must not read as unused (the first to evict) until its first call ends
+    fake_workers(monkeypatch)
+    async with fake_node(tmp_path, max_workers=2, warm_spares=1, retire_idle_after_s=0.2) as s:
+        await until(lambda: any(w.state == WorkerState.SPARE for w in s.workers), "a spare", 2)
+        await asyncio.sleep(0.3)
+        lease = await s.lease(principal())
+        assert s.pool.last_used(lease.worker) > lease.worker.bound_at - 0.05
+        s.release(lease, Outcome.OK)
