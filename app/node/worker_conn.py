@@ -20,6 +20,9 @@ from app.observability.phases import REPLY, SEND, WHOLE_BYTES, clock, lap
 
 Frame = tuple[WorkerMessage, Payload]
 
+_BUSY_FIRST_S = 0.001  # a full accept queue: the first pause before connecting again, doubled up to
+_BUSY_LONGEST_S = 0.05
+
 
 class WorkerConnection(asyncio.Protocol):
     """One connection; one exchange at a time. Raises what a stream would: EOFError
@@ -41,9 +44,21 @@ class WorkerConnection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, path: str) -> WorkerConnection:
-        transport, protocol = await asyncio.get_running_loop().create_unix_connection(cls, path)
-        protocol._transport = transport  # uvloop may call connection_made after this returns
-        return protocol
+        """Connect; a worker whose accept queue is full is busy, not gone: tried again shortly.
+        A worker accepts between runs, so calls queued behind a long run can fill the queue,
+        and uvloop's connect then fails at once with EAGAIN (asyncio's own loop waits); the
+        caller's own deadline (its queue wait) bounds the retries."""
+        loop = asyncio.get_running_loop()
+        pause = _BUSY_FIRST_S
+        while True:
+            try:
+                transport, protocol = await loop.create_unix_connection(cls, path)
+            except BlockingIOError:
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, _BUSY_LONGEST_S)
+                continue
+            protocol._transport = transport  # uvloop may call connection_made after this returns
+            return protocol
 
     # -- the caller's side -----------------------------------------------------------------------
     async def exchange(self, run: Run, body: Buffer, on_chunk: Callable[[Payload], None] | None) -> Frame:

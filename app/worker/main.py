@@ -345,7 +345,7 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(64)
+    listener.listen(socket.SOMAXCONN)  # calls queued behind a long run each connect; accepted between runs
     sel = selectors.DefaultSelector()
     sel.register(proto_in, selectors.EVENT_READ, None)
     sel.register(listener, selectors.EVENT_READ, None)

@@ -167,3 +167,42 @@ def test_a_frame_is_written_without_empty_parts() -> None:
         head, rest = bytes(parts[0]), b"".join(bytes(p) for p in parts[1:])
         hlen, blen = HEAD.unpack(head)
         assert (len(rest), rest[hlen:]) == (hlen + blen, body + b"".join(more))
+
+
+def test_a_worker_whose_accept_queue_is_full_is_connected_to_once_it_accepts(tmp_path: Path) -> None:
+    # uvloop (the fronts' loop) fails a unix connect at once with EAGAIN while the listener's
+    # queue is full; a worker accepts only between runs, so that is a busy worker, not a lost one
+    import socket
+
+    import uvloop
+
+    path = str(tmp_path / "w.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)  # one waits in the queue, the next is refused until an accept
+
+    async def main() -> int:
+        accepted: list[socket.socket] = []
+
+        def accept_all() -> None:
+            listener.setblocking(False)
+            while True:
+                try:
+                    accepted.append(listener.accept()[0])
+                except BlockingIOError:
+                    return
+
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, lambda: loop.add_reader(listener.fileno(), accept_all))  # the run ends
+        conns = await asyncio.wait_for(asyncio.gather(*(WorkerConnection.open(path) for _ in range(4))), 5)
+        loop.remove_reader(listener.fileno())
+        for c in conns:
+            c.close()
+        for a in accepted:
+            a.close()
+        return len(conns)
+
+    try:
+        assert uvloop.run(main()) == 4
+    finally:
+        listener.close()
