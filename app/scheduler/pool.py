@@ -322,7 +322,6 @@ class WorkerPool:
         # them); a tenant's several calls, or a tenant that holds a worker, make room for none
         # (each eviction would leave another tenant to make room in turn).
         room_for = self.settings.max_parallel_starts if homeless is None else min(homeless, self.settings.max_parallel_starts)
-        crowded = self.crowded(cap, homeless)
         # A node with a slot for every tenant that wants one, and a worker on its way, has a
         # tenant about to hold two (a spare being bound as another's second) or a start or a
         # slot coming: it waits for that rather than take a tenant's only worker in use.
@@ -330,7 +329,7 @@ class WorkerPool:
             w.state in _ON_ITS_WAY and (w.state != WorkerState.SPARE or self.devices[w.device_index].fits(cap)) or w.retire_reason
             for w in self.alive()
         )
-        if len(starting) < room_for and self.evict_one(exclude, cap, crowded or not coming):
+        if len(starting) < room_for and self.evict_one(exclude, cap, not coming or self.crowded(cap, homeless)):
             return Progress.AGAIN
         if coming:
             return Progress.PENDING

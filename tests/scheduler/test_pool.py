@@ -55,6 +55,12 @@ def spares(p: WorkerPool) -> Counter[int]:
     return Counter(w.device_index for w in p.workers if w.state == WorkerState.SPARE)
 
 
+async def filled(p: WorkerPool, n: int) -> None:
+    """`n` spares started on the pool's one device and ready."""
+    p.ensure_spares()
+    await until(lambda: spares(p)[0] == n, f"{n} spares", 2)
+
+
 def bind(w: WorkerHandle, tenant_id: str, last_used: float) -> None:
     """As the scheduler leaves a worker bound to a tenant between calls."""
     w.tenant_id, w.tenant_name, w.state, w.last_used = tenant_id, tenant_id, WorkerState.IDLE, last_used
@@ -73,8 +79,7 @@ async def test_spares_are_started_up_to_the_target_on_each_device(tmp_path: Path
 
 async def test_a_dead_worker_is_replaced_and_its_reason_counted(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=1) as (p, starts, seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 1, "a spare", 2)
+        await filled(p, 1)
         dead = p.workers[0]
         assert dead.proc is not None
         dead.proc.kill()  # the process died: its watcher notices
@@ -103,8 +108,7 @@ async def test_starts_stay_within_the_device_ceiling_and_max_workers(tmp_path: P
 
 async def test_eviction_picks_the_least_recently_used_idle_worker_of_another_tenant(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, _, seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        await filled(p, 4)
         mine, old, older, busy = p.workers
         bind(mine, "a", last_used=1.0)  # the oldest, but of the tenant that asks
         bind(old, "b", last_used=3.0)
@@ -121,8 +125,7 @@ async def test_eviction_picks_the_least_recently_used_idle_worker_of_another_ten
 
 async def test_among_workers_in_use_the_tenant_holding_the_most_gives_one_up_first(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, _, _seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        await filled(p, 4)
         only, first, second, quiet = p.workers
         now = time.monotonic()
         bind(only, "c", last_used=now - 0.05)  # c's only worker, between two of its calls: the least recently used
@@ -143,8 +146,7 @@ async def test_among_workers_in_use_the_tenant_holding_the_most_gives_one_up_fir
 
 async def test_a_tenants_several_calls_make_room_for_one_start_and_a_tenant_with_a_worker_for_none(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=5, warm_spares=5, max_parallel_starts=6) as (p, starts, _):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 5, "five spares", 2)
+        await filled(p, 5)
         now = time.monotonic()
         for w, tenant in zip(p.workers, "abcde", strict=True):
             bind(w, tenant, last_used=now)  # every slot serving a tenant in use
@@ -174,8 +176,7 @@ async def test_a_tenants_several_calls_make_room_for_one_start_and_a_tenant_with
 
 async def test_with_every_slot_serving_the_worker_bound_longest_ago_takes_its_turn(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=3, warm_spares=3) as (p, _, seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 3, "three spares", 2)
+        await filled(p, 3)
         p.table = AdmissionTable.create(tmp_path / "admission", fronts=1, tenants=8, workers=8)
         fed = p.workers
         for i, (w, tenant) in enumerate(zip(fed, "bcd", strict=True)):
@@ -198,8 +199,7 @@ async def test_with_every_slot_serving_the_worker_bound_longest_ago_takes_its_tu
 
 async def test_a_leased_worker_takes_its_turn_when_its_call_ends_and_a_tenant_with_a_worker_waits_for_its_own(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=2, warm_spares=2) as (p, _, seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 2, "two spares", 2)
+        await filled(p, 2)
         mine, theirs = p.workers
         bind(mine, "a", last_used=1.0)
         bind(theirs, "b", last_used=1.0)
@@ -239,8 +239,7 @@ async def test_the_next_start_is_expected_one_start_per_start_ahead_of_it_at_the
 
 async def test_with_a_slot_for_every_tenant_an_only_worker_in_use_waits_for_one_on_its_way(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, _, _seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        await filled(p, 4)
         b, c, d, second = p.workers
         now = time.monotonic()
         for w, tenant in ((b, "b"), (c, "c"), (d, "d")):
@@ -258,8 +257,7 @@ async def test_with_a_slot_for_every_tenant_an_only_worker_in_use_waits_for_one_
 
 async def test_an_only_worker_in_use_goes_when_the_node_is_crowded_or_nothing_is_on_its_way(tmp_path: Path) -> None:
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=4, warm_spares=4) as (p, starts, _seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 4, "four spares", 2)
+        await filled(p, 4)
         starts.seconds = 30.0  # starts stay under way
         now = time.monotonic()
         busy1, busy2, c, d = p.workers
@@ -284,8 +282,7 @@ async def test_a_tenant_never_evicted_is_not_held_back_on_a_young_clock(tmp_path
     # `retire_idle_after_s` longer than the host's uptime: "evicted lately" must not read an
     # absent entry as a time
     async with pool(tmp_path, gpus(Device(0, "0")), max_workers=3, warm_spares=3, retire_idle_after_s=1e12) as (p, _, _seen):
-        p.ensure_spares()
-        await until(lambda: spares(p)[0] == 3, "three spares", 2)
+        await filled(p, 3)
         b, c, starting = p.workers
         bind(b, "b", last_used=time.monotonic())
         bind(c, "c", last_used=time.monotonic())
