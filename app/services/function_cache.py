@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import Function, FunctionVersion
-from app.db.repositories.functions import FunctionRepository
-from app.db.repositories.kernels import KernelRepository
+from app.db.repositories.functions import FunctionRepository, active_functions
+from app.db.repositories.kernels import KernelRepository, kernel_sources
 from app.errors import DomainError, NotFound
 from app.runtime.bundles import BundleStore
 from app.runtime.compiler import ModuleCompiler
@@ -90,6 +91,8 @@ class FunctionCache:
         self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
         # versions calls pinned (X-Function-Version), by function: dropped with its entry
         self._pinned: dict[tuple[str, str], dict[int, FunctionMeta]] = {}
+        # misses being read: (tenant, name, its generation, the tenant's) -> the read they share
+        self._reading: dict[tuple[str, str, int, int], asyncio.Future[tuple[FunctionMeta, KernelSet]]] = {}
 
     async def lookup(self, tenant_id: str, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
         """The function (its active version, or `version`) and the tenant's kernels; on a miss,
@@ -101,9 +104,26 @@ class FunctionCache:
             return cached
         key = (tenant_id, name)
         self._check_missing(key, time.monotonic())
+        # One read however many calls miss together (a loaded front's calls of one function all
+        # miss at once when its entry expires); a change here since a read began (its generation)
+        # starts another, so no call made after a deploy gets what was read before it.
+        reading = (tenant_id, name, self._gen.get(key, 0), self._gen.get(tenant_id, 0))
+        read = self._reading.get(reading)
+        if read is None:
+            read = self._reading[reading] = asyncio.ensure_future(self._read(tenant_id, name))
+            read.add_done_callback(functools.partial(self._read_done, reading))
+        return await asyncio.shield(read)  # a caller that goes away leaves the read to the others
+
+    async def _read(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
         found, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
-        self._touch(key, time.monotonic())
+        self._touch((tenant_id, name), time.monotonic())
         return found, kernels
+
+    def _read_done(self, reading: tuple[str, str, int, int], read: asyncio.Future[tuple[FunctionMeta, KernelSet]]) -> None:
+        if self._reading.get(reading) is read:
+            del self._reading[reading]
+        if not read.cancelled():
+            read.exception()  # retrieved: every caller may have gone (asyncio would log it)
 
     def cached(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet] | None:
         """The active version and the kernels when both are fresh here: the hot path, no task,
@@ -207,7 +227,12 @@ class FunctionCache:
             if pinned is None:
                 raise version_not_found(name, number)
             fn, ver = pinned_fn, pinned
-        sha = ver.sha256
+        return await self._meta_of(session, tenant_id, fn, ver)
+
+    async def _meta_of(self, session: AsyncSession, tenant_id: str, fn: Function, ver: FunctionVersion) -> FunctionMeta | None:
+        """What a call of `ver` needs, its module compiled and its files unpacked on this node
+        where they were not (given through another node); None: its files were replaced meanwhile."""
+        repo, name, sha = FunctionRepository(session, tenant_id), fn.name, ver.sha256
         if not self.compiler.cache.has(sha):  # deployed through another node
             wasm = await repo.module_bytes(fn, ver.version)
             assert wasm is not None
@@ -253,24 +278,29 @@ class FunctionCache:
             del self._kernels[tenant_id]
         if not self._used:
             return
+        keys = list(self._used)
+        gens = {k: self._gen.get(k, 0) for k in [*keys, *tenants]}  # a local change after this wins
         async with self.sessionmaker() as session:
-            for key in list(self._used):
-                gen = self._gen.get(key, 0)
+            found = await active_functions(session, keys)  # one read for all: see its docstring
+            for key in keys:
+                row = found.get(key)
                 try:
-                    meta = await self._load_function(session, *key)
+                    meta = await self._meta_of(session, key[0], *row) if row is not None else None
                 except DomainError:  # its module cannot be compiled here now; its calls say so
                     meta = None
-                if self._gen.get(key, 0) != gen:
+                if self._gen.get(key, 0) != gens[key]:
                     continue  # changed on this node while we read: the local entry is newer
-                if meta is None:  # deleted elsewhere: stop keeping it fresh
+                if row is None:  # deleted elsewhere: stop keeping it fresh
                     self._fns.pop(key, None)
                     self._used.pop(key, None)
                     self._note_missing(key)
-                else:
+                elif meta is not None:
                     self._fns[key] = meta
-            for tenant_id in tenants:
-                gen = self._gen.get(tenant_id, 0)
-                self._store_kernels(tenant_id, await KernelRepository(session, tenant_id).sources(), gen)
+                else:  # not compilable here now, or its files replaced meanwhile: its next call reads it
+                    self._fns.pop(key, None)
+            sources = await kernel_sources(session, sorted(tenants))
+        for tenant_id in tenants:
+            self._store_kernels(tenant_id, sources[tenant_id], gens[tenant_id])
 
     def _bump(self, key: object) -> None:
         self._gen[key] = self._gen.get(key, 0) + 1

@@ -1,4 +1,5 @@
-"""A function's active version read in one query (`FunctionRepository.active`), on SQLite and
+"""A function's active version read in one query (`FunctionRepository.active`), and many of them
+at once (`active_functions`, with `kernel_sources`, a front's cache refresh), on SQLite and
 PostgreSQL: the version the function points at (not the newest after a rollback), its settings
 without its module bytes, and nothing of another tenant's."""
 
@@ -10,8 +11,9 @@ import pytest
 from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import Function, FunctionVersion
-from app.db.repositories.functions import FunctionRepository
+from app.db.models import Function, FunctionVersion, Kernel
+from app.db.repositories.functions import FunctionRepository, active_functions
+from app.db.repositories.kernels import KernelRepository, kernel_sources
 from tests.db.helpers import sessionmaker_for, tenant_row
 
 
@@ -54,3 +56,36 @@ async def test_active_finds_nothing_missing_or_of_another_tenant(sessions: async
         assert await FunctionRepository(s, owner).active("g") is None
         assert await FunctionRepository(s, owner).active("dangling") is None
         assert await FunctionRepository(s, owner).active("f") is not None
+
+
+async def test_active_functions_reads_each_key_of_its_own_tenant_in_chunks(sessions: async_sessionmaker[AsyncSession]) -> None:
+    a, b = await tenant_row(sessions), await tenant_row(sessions)
+    await _function(sessions, a, "f", versions=3, current=2)
+    await _function(sessions, a, "g", versions=1, current=1)
+    await _function(sessions, b, "f", versions=2, current=1)
+    await _function(sessions, b, "dangling", versions=1, current=4)
+    keys = [(a, "f"), (a, "g"), (b, "f"), (b, "g"), (a, "missing"), (b, "dangling")]
+    async with sessions() as s:
+        found = await active_functions(s, keys, chunk=2)  # three queries
+        single = {k: await FunctionRepository(s, k[0]).active(k[1]) for k in keys}
+    assert set(found) == {(a, "f"), (a, "g"), (b, "f")}  # (b, "g") is a's name only; none of the rest exists
+    for key, (fn, ver) in found.items():
+        one = single[key]
+        assert one is not None
+        assert (fn.tenant_id, fn.name, fn.id, ver.version, ver.sha256) == (*key, one[0].id, one[1].version, one[1].sha256)
+    assert found[(a, "f")][1].version == 2 and found[(b, "f")][1].version == 1
+    async with sessions() as s:
+        assert await active_functions(s, []) == {}
+
+
+async def test_kernel_sources_gives_each_tenant_its_own(sessions: async_sessionmaker[AsyncSession]) -> None:
+    a, b, none = await tenant_row(sessions), await tenant_row(sessions), await tenant_row(sessions)
+    async with sessions() as s:
+        await KernelRepository(s, a).add(Kernel(name="k1", source="a1", sha256="a1"))
+        await KernelRepository(s, a).add(Kernel(name="k2", source="a2", sha256="a2"))
+        await KernelRepository(s, b).add(Kernel(name="k1", source="b1", sha256="b1"))
+        await s.commit()
+    async with sessions() as s:
+        got = await kernel_sources(s, [a, b, none], chunk=2)
+        assert got == {a: {"k1": "a1", "k2": "a2"}, b: {"k1": "b1"}, none: {}}
+        assert got[a] == await KernelRepository(s, a).sources()

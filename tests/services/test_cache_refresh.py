@@ -8,7 +8,9 @@ import asyncio
 import time
 
 import pytest
+from sqlalchemy import event
 
+from app.db.session import create_engine_for, create_sessionmaker
 from app.errors import NotFound
 from app.services.api_keys import ApiKeyService, AuthCache, hash_key
 from app.services.cache_refresh import CacheRefresher
@@ -88,14 +90,14 @@ async def test_a_local_change_during_a_refresh_is_not_overwritten(client, platfo
     cache = FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=60)
     old, _ = await cache.lookup(tid, "f")
     newer = type(old)(**{**old.__dict__, "version": 99})
-    load = FunctionCache._load_function
+    load = FunctionCache._meta_of
 
-    async def racing_load(self, session, tenant_id, name):  # type: ignore[no-untyped-def]
-        read = await load(self, session, tenant_id, name)  # the database's (older) view
+    async def racing_load(self, session, tenant_id, fn, ver):  # type: ignore[no-untyped-def]
+        read = await load(self, session, tenant_id, fn, ver)  # the database's (older) view
         self.remember(tenant_id, newer)  # a deploy on this node lands meanwhile
         return read
 
-    monkeypatch.setattr(FunctionCache, "_load_function", racing_load)
+    monkeypatch.setattr(FunctionCache, "_meta_of", racing_load)
     await cache.refresh(keep_s=60)
     assert (await cache.function(tid, "f")).version == 99
 
@@ -139,3 +141,87 @@ async def test_stopping_lets_a_refresh_under_way_finish(client, platform, monkey
     await refresher.stop()
     assert finished == [True]
     assert refresher._task is not None and refresher._task.done() and not refresher._task.cancelled()
+
+
+async def test_a_refresh_reads_every_function_and_kernel_set_in_the_same_few_queries(client, platform, database_url) -> None:
+    """A loaded front keeps dozens of functions fresh: one query each had outlasted the entries."""
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *_: object) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    engine = create_engine_for(database_url)  # the cache's own: no other task's statements
+    cache = FunctionCache(create_sessionmaker(engine), platform.compiler, ttl_s=60)
+    try:
+        tid, headers = await new_tenant(client)
+        assert (await deploy(client, headers, "f", wat("echo"))).status_code == 201
+        await cache.lookup(tid, "f")
+        await cache.refresh(keep_s=60)  # a connection's first use may set it up
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        await cache.refresh(keep_s=60)
+        one = len(statements)
+        assert one == 2, statements  # the functions, the kernels
+        source = b'extern "C" __global__ void k1(float* x) { x[0] = 1.0f; }'
+        for _ in range(3):
+            t, h = await new_tenant(client)
+            for name in ("f", "g"):
+                assert (await deploy(client, h, name, wat("echo"))).status_code == 201
+                await cache.lookup(t, name)
+            r = await client.put("/v1/kernels/k1", content=source, headers={**h, "Content-Type": "text/plain"})
+            assert r.status_code == 201, r.text
+        statements.clear()
+        await cache.refresh(keep_s=60)
+        assert len(statements) == one, statements
+    finally:
+        await engine.dispose()
+    assert len(cache._fns) == 7
+    assert all(set(ks.sources) == {"k1"} for t, (_, ks) in cache._kernels.items() if t != tid)
+
+
+async def test_calls_that_miss_together_share_one_read(client, platform, monkeypatch) -> None:
+    tid, headers = await new_tenant(client)
+    assert (await deploy(client, headers, "f", wat("echo"))).status_code == 201
+    cache = FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=60)
+    reads, go = [], asyncio.Event()
+    load = cache._load_function
+
+    async def slow_load(session, tenant_id, name, number=None):  # type: ignore[no-untyped-def]
+        reads.append(name)
+        await go.wait()
+        return await load(session, tenant_id, name, number)
+
+    monkeypatch.setattr(cache, "_load_function", slow_load)  # this cache's alone, not the node's own
+    calls = [asyncio.create_task(cache.lookup(tid, "f")) for _ in range(20)]
+    await until_true(lambda: reads == ["f"])
+    calls[0].cancel()  # a caller gone: the read goes on for the others
+    go.set()
+    got = await asyncio.gather(*calls[1:])
+    assert reads == ["f"] and calls[0].cancelled()
+    assert {m.sha256 for m, _ in got} == {got[0][0].sha256} and got[0][0].version == 1
+
+    # a change here while a read is under way: a call after it reads again, not what began before
+    go.clear()
+    cache.drop(tid, "f")
+    first = asyncio.create_task(cache.lookup(tid, "f"))
+    await until_true(lambda: len(reads) == 2)
+    assert (await deploy(client, headers, "f", wat("exit3"))).status_code == 200  # this node: it bumps the entry
+    cache.drop(tid, "f")  # as another cache's own deploy would (this one plays another front)
+    second = asyncio.create_task(cache.lookup(tid, "f"))
+    await until_true(lambda: len(reads) == 3)
+    go.set()
+    assert (await second)[0].version == 2
+    await first  # began before: either version is right for it
+    assert not cache._reading
+
+    # a miss that fails fails every caller that shared it, and the next call reads again
+    cache.drop(tid, "f")
+    assert (await client.delete("/v1/functions/f", headers=headers)).status_code == 204
+    missing = await asyncio.gather(*(cache.lookup(tid, "f") for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(e, NotFound) for e in missing) and len(reads) == 4 and not cache._reading
+
+
+async def until_true(check, bound_s: float = 5) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + bound_s
+    while not check():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)

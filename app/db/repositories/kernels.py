@@ -40,3 +40,14 @@ class KernelRepository:
     async def delete(self, kernel: Kernel) -> None:
         await self.session.delete(kernel)
         await self.session.flush()
+
+
+async def kernel_sources(session: AsyncSession, tenant_ids: Sequence[str], chunk: int = 500) -> dict[str, dict[str, str]]:
+    """`KernelRepository.sources` of each of these tenants (each present, {} for none), in one
+    query per `chunk` tenants: a front's cache refresh."""
+    out: dict[str, dict[str, str]] = {t: {} for t in tenant_ids}
+    for i in range(0, len(tenant_ids), chunk):
+        q = select(Kernel.tenant_id, Kernel.name, Kernel.source).where(Kernel.tenant_id.in_(tenant_ids[i : i + chunk]))
+        for tenant_id, name, source in (await session.execute(q)).all():
+            out[tenant_id][name] = source
+    return out
