@@ -99,7 +99,9 @@ class AbiHost:
         self._compile_seen = (hits, misses)
         if inst is not None:
             try:
-                if self.poisoned is None:
+                # a guest that made no handle (most never import the ABI) enqueued nothing: no
+                # stream to wait for (a synchronize cost the CUDA backend's echo call µs each)
+                if self.poisoned is None and inst.made_handles():
                     self.backend.end_invocation()
                     self._idle()
             except BackendError as exc:

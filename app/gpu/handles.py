@@ -44,6 +44,7 @@ class Instance:
 
     def __init__(self, kernels: dict[str, str]) -> None:
         self.next_handle = (random.getrandbits(24) + 1) << 4  # as randint(1, 1 << 24), a third of its cost
+        self._first_handle = self.next_handle
         self.handles: dict[int, Any] = {}
         self.buffers = 0
         self.modules = 0
@@ -55,6 +56,11 @@ class Instance:
         # prepared launches: (function handle, dims, raw args) -> (its function, buffers to
         # revalidate, thunk)
         self.launch_cache: dict[tuple[Any, ...], tuple[FunctionRef, tuple[tuple[int, Any], ...], Callable[[], None]]] = {}
+
+    def made_handles(self) -> bool:
+        """Whether this invocation made any handle: device work (a copy, a launch) needs a buffer
+        or a function handle, so one that made none left nothing on the device to wait for."""
+        return self.next_handle != self._first_handle
 
     def add(self, obj: Any) -> int:
         h = self.next_handle

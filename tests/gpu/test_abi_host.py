@@ -160,3 +160,25 @@ def test_a_repeated_launch_that_fails_answers_its_code(tmp_path: Path, c_guest) 
     res = r.run(Run("inv", "runner", sha, {}, 5000, 1 << 26, 1 << 20, 1 << 16), body)
     assert res.status == "exit" and abi_code(res.exit_code) == Code.LAUNCH_FAILED
     assert b"LAUNCH_TIMEOUT" in res.stderr and general == [1] and host.poisoned is None
+
+
+class CountingGpu(CpuBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends = 0
+
+    def end_invocation(self) -> None:
+        self.ends += 1
+
+
+def test_only_an_invocation_that_made_handles_waits_for_the_device() -> None:
+    """A guest that never used the device (an echo) has nothing on the stream: no synchronize."""
+    backend = CountingGpu()
+    host = AbiHost(backend)
+    host.begin("inv-1", None)
+    assert host.end()["launches"] == 0 and backend.ends == 0
+    host.begin("inv-2", None)
+    assert host.inst is not None
+    host.inst.add(object())  # any handle: a buffer, a module
+    host.end()
+    assert backend.ends == 1

@@ -29,3 +29,11 @@ def test_instances_start_at_different_bases() -> None:
 def test_objects_compare_by_identity() -> None:
     # the launch cache keys on these objects: two equal-looking buffers are different buffers
     assert Buffer(mem=None, size=8) != Buffer(mem=None, size=8)
+
+
+def test_an_instance_tells_whether_it_made_any_handle_even_one_freed() -> None:
+    inst = Instance({})
+    assert not inst.made_handles()
+    h = inst.add(Buffer(mem=None, size=8))
+    del inst.handles[h]  # freed by the guest: its copies may still be on the stream
+    assert inst.made_handles()
