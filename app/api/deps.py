@@ -107,14 +107,24 @@ async def _tenant_for(platform: Platform, token: str, address: str) -> Principal
     wait_s = platform.auth_failures.wait_s(address)
     if wait_s:
         raise _too_many_failures(platform, wait_s)
+    generation = cache.generation
+    return await cache.reads.read((digest, generation), lambda: _read_key(platform, token, digest, generation))
+
+
+async def _read_key(platform: Platform, token: str, digest: str, generation: int) -> Principal | None:
+    """The key's tenant from the database (one read for the calls that bring the key meanwhile),
+    kept in the auth cache unless an admin change here came during the read."""
     async with platform.sessionmaker() as session:
         found = await ApiKeyService(session).authenticate(token)
+    cache = platform.auth_cache
     if found is None:
-        cache.put_missing(digest)
+        if cache.generation == generation:
+            cache.put_missing(digest)
         return None
     key_id, principal = found
     platform.recorder.touch_key(key_id, platform.clock())
-    cache.put(digest, key_id, principal)
+    if cache.generation == generation:
+        cache.put(digest, key_id, principal)
     return principal
 
 

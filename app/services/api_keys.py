@@ -21,6 +21,7 @@ from app.db.models import ApiKey, Tenant, utcnow
 from app.db.repositories.api_keys import ApiKeyRepository
 from app.errors import Conflict, Forbidden, NotFound
 from app.services.principal import principal_of
+from app.services.shared_reads import SharedReads
 
 KEY_PREFIX = "tw_"
 PREFIX_LEN = len(KEY_PREFIX) + 8
@@ -105,6 +106,9 @@ class AuthCache:
 
     def __init__(self, ttl_s: float, max_missing: int = 100_000) -> None:
         self.ttl_s = ttl_s
+        # bumped by every change made here: a read begun before one is neither kept nor shared after it
+        self.generation = 0
+        self.reads: SharedReads[tuple[str, int], Principal | None] = SharedReads()  # by (digest, generation)
         self._entries: dict[str, _Entry] = {}
         # digests looked up and not found, until when: a repeated bad key costs no lookup
         self._missing: OrderedDict[str, float] = OrderedDict()
@@ -142,6 +146,7 @@ class AuthCache:
         self._entries[digest] = _Entry(principal, key_id, now + self.ttl_s, now)
 
     def clear(self) -> None:
+        self.generation += 1
         self._entries.clear()
         self._missing.clear()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from app.scheduler.leases import KernelSet
 from app.services.functions import compile_errors, version_not_found
 from app.services.sealing import NodeKey
 from app.services.secrets import open_secrets
+from app.services.shared_reads import SharedReads
 from app.settings import Settings
 
 
@@ -91,12 +91,12 @@ class FunctionCache:
         self._gen: dict[object, int] = {}  # (tenant, name) or tenant -> local change counter
         # versions calls pinned (X-Function-Version), by function: dropped with its entry
         self._pinned: dict[tuple[str, str], dict[int, FunctionMeta]] = {}
-        # misses being read: (tenant, name, its generation, the tenant's) -> the read they share
-        self._reading: dict[tuple[str, str, int, int], asyncio.Future[tuple[FunctionMeta, KernelSet]]] = {}
+        # misses being read, by (tenant, name, its generation, the tenant's)
+        self._reads: SharedReads[tuple[str, str, int, int], tuple[FunctionMeta, KernelSet]] = SharedReads()
 
     async def lookup(self, tenant_id: str, name: str, version: int | None = None) -> tuple[FunctionMeta, KernelSet]:
         """The function (its active version, or `version`) and the tenant's kernels; on a miss,
-        both reads run concurrently."""
+        both reads run concurrently, shared by every call that misses meanwhile."""
         if version is not None:
             return await self.pinned(tenant_id, name, version), await self.kernels(tenant_id)
         cached = self.cached(tenant_id, name)
@@ -104,26 +104,15 @@ class FunctionCache:
             return cached
         key = (tenant_id, name)
         self._check_missing(key, time.monotonic())
-        # One read however many calls miss together (a loaded front's calls of one function all
-        # miss at once when its entry expires); a change here since a read began (its generation)
-        # starts another, so no call made after a deploy gets what was read before it.
+        # a change here since a read began (its generation) starts another: no call made after a
+        # deploy gets what was read before it
         reading = (tenant_id, name, self._gen.get(key, 0), self._gen.get(tenant_id, 0))
-        read = self._reading.get(reading)
-        if read is None:
-            read = self._reading[reading] = asyncio.ensure_future(self._read(tenant_id, name))
-            read.add_done_callback(functools.partial(self._read_done, reading))
-        return await asyncio.shield(read)  # a caller that goes away leaves the read to the others
+        return await self._reads.read(reading, lambda: self._read(tenant_id, name))
 
     async def _read(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet]:
         found, kernels = await asyncio.gather(self.function(tenant_id, name), self.kernels(tenant_id))
         self._touch((tenant_id, name), time.monotonic())
         return found, kernels
-
-    def _read_done(self, reading: tuple[str, str, int, int], read: asyncio.Future[tuple[FunctionMeta, KernelSet]]) -> None:
-        if self._reading.get(reading) is read:
-            del self._reading[reading]
-        if not read.cancelled():
-            read.exception()  # retrieved: every caller may have gone (asyncio would log it)
 
     def cached(self, tenant_id: str, name: str) -> tuple[FunctionMeta, KernelSet] | None:
         """The active version and the kernels when both are fresh here: the hot path, no task,

@@ -4,13 +4,14 @@ key just found missing, is never looked up; an address failing too often waits."
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
 from app.services.api_keys import ApiKeyService, generate_key
-from tests.helpers import ADMIN, CountingBody, from_address, new_tenant
+from tests.helpers import ADMIN, CountingBody, from_address, new_tenant, until
 
 
 @pytest.mark.parametrize(
@@ -88,3 +89,39 @@ async def test_credentials_of_the_wrong_kind_still_say_so(client: httpx.AsyncCli
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
     r = await client.post("/v1/functions/f/invoke", content=b"x", headers=ADMIN)
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+
+
+async def test_calls_that_bring_an_uncached_key_together_share_one_lookup(client: httpx.AsyncClient, platform: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node just started, or a key's entry expired: a loaded front's calls of that key all miss
+    at once, and one read answers them; an admin change meanwhile keeps its result out of the cache."""
+    tid, key = await new_tenant(client)
+    looked_up, go = [], asyncio.Event()
+    authenticate = ApiKeyService.authenticate
+
+    async def slow(self: ApiKeyService, token: str) -> Any:
+        looked_up.append(token)
+        found = await authenticate(self, token)
+        await go.wait()  # read, and not yet answered
+        return found
+
+    platform.auth_cache.clear()  # the key as a fresh front finds it
+    monkeypatch.setattr(ApiKeyService, "authenticate", slow)
+    calls = [asyncio.create_task(client.get("/v1/functions", headers=key)) for _ in range(12)]
+    await until(lambda: len(looked_up) == 1, "the first lookup")
+    await asyncio.sleep(0.05)  # the other calls arrive meanwhile
+    go.set()
+    assert [r.status_code for r in await asyncio.gather(*calls)] == [200] * 12
+    assert len(looked_up) == 1 and len(platform.auth_cache.reads) == 0
+
+    # revoked on this node while a lookup of it runs: its result serves the calls that were
+    # waiting, and is not cached; the next call reads again and is refused
+    go.clear()
+    platform.auth_cache.clear()
+    waiting = asyncio.create_task(client.get("/v1/functions", headers=key))
+    await until(lambda: len(looked_up) == 2, "the second lookup")
+    key_id = (await client.get(f"/v1/admin/tenants/{tid}/api-keys", headers=ADMIN)).json()[0]["id"]
+    assert (await client.delete(f"/v1/admin/tenants/{tid}/api-keys/{key_id}", headers=ADMIN)).status_code == 204
+    go.set()
+    assert (await waiting).status_code == 200
+    assert (await client.get("/v1/functions", headers=key)).status_code == 401
+    assert len(looked_up) == 3

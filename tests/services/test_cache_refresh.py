@@ -211,13 +211,13 @@ async def test_calls_that_miss_together_share_one_read(client, platform, monkeyp
     go.set()
     assert (await second)[0].version == 2
     await first  # began before: either version is right for it
-    assert not cache._reading
+    assert not cache._reads
 
     # a miss that fails fails every caller that shared it, and the next call reads again
     cache.drop(tid, "f")
     assert (await client.delete("/v1/functions/f", headers=headers)).status_code == 204
     missing = await asyncio.gather(*(cache.lookup(tid, "f") for _ in range(5)), return_exceptions=True)
-    assert all(isinstance(e, NotFound) for e in missing) and len(reads) == 4 and not cache._reading
+    assert all(isinstance(e, NotFound) for e in missing) and len(reads) == 4 and not cache._reads
 
 
 async def until_true(check, bound_s: float = 5) -> None:  # type: ignore[no-untyped-def]
