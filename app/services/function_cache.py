@@ -285,8 +285,10 @@ class FunctionCache:
                     self._note_missing(key)
                 elif meta is not None:
                     self._fns[key] = meta
-                else:  # not compilable here now, or its files replaced meanwhile: its next call reads it
+                else:  # not compilable here now, or its files replaced meanwhile: its next call
+                    # reads it (and keeps it fresh again); no compile tried at every refresh
                     self._fns.pop(key, None)
+                    self._used.pop(key, None)
             sources = await kernel_sources(session, sorted(tenants))
         for tenant_id in tenants:
             self._store_kernels(tenant_id, sources[tenant_id], gens[tenant_id])

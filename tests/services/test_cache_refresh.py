@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import event
 
 from app.db.session import create_engine_for, create_sessionmaker
-from app.errors import NotFound
+from app.errors import DomainError, NotFound
 from app.services.api_keys import ApiKeyService, AuthCache, hash_key
 from app.services.cache_refresh import CacheRefresher
 from app.services.function_cache import FunctionCache
@@ -225,3 +225,21 @@ async def until_true(check, bound_s: float = 5) -> None:  # type: ignore[no-unty
     while not check():
         assert time.monotonic() < deadline
         await asyncio.sleep(0.005)
+
+
+async def test_a_function_that_cannot_be_compiled_here_is_dropped_not_called_missing(client, platform, monkeypatch) -> None:
+    """Its calls then read it and get the compile error, not a 404; the refresh stops compiling it."""
+    tid, headers = await new_tenant(client)
+    assert (await deploy(client, headers, "f", wat("echo"))).status_code == 201
+    cache = FunctionCache(platform.sessionmaker, platform.compiler, ttl_s=60)
+    await cache.lookup(tid, "f")
+
+    async def cannot(*_: object) -> None:
+        raise DomainError("the module cannot be compiled here")
+
+    monkeypatch.setattr(cache, "_meta_of", cannot)
+    await cache.refresh(keep_s=60)
+    assert (tid, "f") not in cache._fns and (tid, "f") not in cache._used
+    assert not cache.known_missing(tid, "f")
+    with pytest.raises(DomainError, match="cannot be compiled"):
+        await cache.lookup(tid, "f")

@@ -37,7 +37,7 @@ class FunctionRepository:
 
     async def active(self, name: str) -> tuple[Function, FunctionVersion] | None:
         """The function and its active version's settings (not its module bytes) in one read: a
-        call's lookup on a cache miss, and each refresh of a cached function."""
+        call's lookup on a cache miss (a refresh reads them all at once: `active_functions`)."""
         q = _active().where(Function.tenant_id == self.tenant_id, Function.name == name)
         row = (await self.session.execute(q)).first()
         return (row[0], row[1]) if row is not None else None
