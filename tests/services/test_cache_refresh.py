@@ -15,7 +15,7 @@ from app.errors import DomainError, NotFound
 from app.services.api_keys import ApiKeyService, AuthCache, hash_key
 from app.services.cache_refresh import CacheRefresher
 from app.services.function_cache import FunctionCache
-from tests.helpers import ADMIN, deploy, new_tenant, wat
+from tests.helpers import ADMIN, deploy, new_tenant, until, wat
 
 
 async def _key_entry(platform, headers: dict[str, str], cache: AuthCache) -> str:
@@ -192,7 +192,7 @@ async def test_calls_that_miss_together_share_one_read(client, platform, monkeyp
 
     monkeypatch.setattr(cache, "_load_function", slow_load)  # this cache's alone, not the node's own
     calls = [asyncio.create_task(cache.lookup(tid, "f")) for _ in range(20)]
-    await until_true(lambda: reads == ["f"])
+    await until(lambda: reads == ["f"], "the first read")
     calls[0].cancel()  # a caller gone: the read goes on for the others
     go.set()
     got = await asyncio.gather(*calls[1:])
@@ -203,11 +203,11 @@ async def test_calls_that_miss_together_share_one_read(client, platform, monkeyp
     go.clear()
     cache.drop(tid, "f")
     first = asyncio.create_task(cache.lookup(tid, "f"))
-    await until_true(lambda: len(reads) == 2)
-    assert (await deploy(client, headers, "f", wat("exit3"))).status_code == 200  # this node: it bumps the entry
-    cache.drop(tid, "f")  # as another cache's own deploy would (this one plays another front)
+    await until(lambda: len(reads) == 2, "the second read")
+    assert (await deploy(client, headers, "f", wat("exit3"))).status_code == 200  # version 2 in the database
+    cache.drop(tid, "f")  # what that deploy does to the cache of the front that served it
     second = asyncio.create_task(cache.lookup(tid, "f"))
-    await until_true(lambda: len(reads) == 3)
+    await until(lambda: len(reads) == 3, "the third read")
     go.set()
     assert (await second)[0].version == 2
     await first  # began before: either version is right for it
@@ -218,13 +218,6 @@ async def test_calls_that_miss_together_share_one_read(client, platform, monkeyp
     assert (await client.delete("/v1/functions/f", headers=headers)).status_code == 204
     missing = await asyncio.gather(*(cache.lookup(tid, "f") for _ in range(5)), return_exceptions=True)
     assert all(isinstance(e, NotFound) for e in missing) and len(reads) == 4 and not cache._reads
-
-
-async def until_true(check, bound_s: float = 5) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + bound_s
-    while not check():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
 
 
 async def test_a_function_that_cannot_be_compiled_here_is_dropped_not_called_missing(client, platform, monkeypatch) -> None:
