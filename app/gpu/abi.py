@@ -100,7 +100,7 @@ class AbiHost:
         if inst is not None:
             try:
                 # a guest that made no handle (most never import the ABI) enqueued nothing: no
-                # stream to wait for (a synchronize cost the CUDA backend's echo call µs each)
+                # stream to wait for (an echo call had waited on an idle one every time)
                 if self.poisoned is None and inst.made_handles():
                     self.backend.end_invocation()
                     self._idle()

@@ -289,7 +289,7 @@ class FunctionCache:
                     # reads it (and keeps it fresh again); no compile tried at every refresh
                     self._fns.pop(key, None)
                     self._used.pop(key, None)
-            sources = await kernel_sources(session, sorted(tenants))
+            sources = await kernel_sources(session, list(tenants))
         for tenant_id in tenants:
             self._store_kernels(tenant_id, sources[tenant_id], gens[tenant_id])
 
