@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from app.contract.errors import NoCapacity, Rejected, RejectReason
 from app.contract.frames import Payload, ProtocolError
 from app.contract.messages import Outcome, Refused, RefuseReason, Route, Run, WorkerMessage
+from app.node.deadline import Deadline
 from app.observability.phases import SEND, clock, lap
 from app.worker.handle import WorkerLost
 from app.worker.stats import StatsPage, run_mark
@@ -128,39 +129,20 @@ class DirectLease:
     async def _send(self, worker: RoutedWorker, run: Run, body: bytes, on_chunk: Callable[[Payload], None] | None) -> tuple[WorkerMessage, Payload]:
         t = clock()
         # Still queued at its start_by, the call is given up here (the worker would refuse it):
-        # one timer cancels the call's task, told apart from any other cancellation as
-        # asyncio.timeout tells them apart (with its context around this, the step cost 6.2-7.7
-        # us more than its bare await on the dev VM under uvloop; this way 2.7-3.7).
-        task = asyncio.current_task()
-        assert task is not None
-        cancelling = task.cancelling()
-        expired = False
-
-        def check() -> None:
-            nonlocal expired
-            if not worker.started(run.invocation_id):
-                expired = True
-                task.cancel()
-
-        late = asyncio.get_running_loop().call_later(max(0.0, run.start_by - time.monotonic()), check)
-        lap(SEND, t)  # its deadline set (a connection opened below is a wait)
+        # its deadline cancels the call's task, told apart from any other cancellation (with
+        # asyncio.timeout around this, the step cost 6.2-7.7 us more than its bare await on the
+        # dev VM under uvloop; with one timer 2.7-3.7)
+        late = Deadline(run.start_by - time.monotonic(), lambda: not worker.started(run.invocation_id))
         try:
-            self.conn = conn = self.conn or await self.client.route_conn(worker.route)  # sent again: the same connection
-            return await conn.exchange(run, body, on_chunk)
-        except asyncio.CancelledError:
-            if expired:
-                expired = False
-                if task.uncancel() <= cancelling:  # no other cancellation came meanwhile: ours
-                    self._drop_conn()
-                    raise self._late() from None
-            raise
+            with late:
+                lap(SEND, t)  # its deadline set (a connection opened below is a wait)
+                self.conn = conn = self.conn or await self.client.route_conn(worker.route)  # sent again: the same connection
+                return await conn.exchange(run, body, on_chunk)
         except (OSError, EOFError, ProtocolError) as exc:  # IncompleteReadError is an EOFError
             self._drop_conn()
+            if late.expired and isinstance(exc, TimeoutError):
+                raise self._late() from None
             raise WorkerLost(f"worker {worker.route.worker_id}: {exc}") from exc
-        finally:
-            late.cancel()
-            if expired:  # it fired, yet the call ended otherwise: its cancellation withdrawn
-                task.uncancel()
 
     def _late(self) -> Rejected:
         """Still waiting at its worker at its start_by: refused as a call that waited out its queue wait."""

@@ -22,6 +22,7 @@ from app.contract.frames import Payload
 from app.contract.messages import HostCounts, Outcome, Principal, Refused, RefuseReason, Result, Run, RunStatus
 from app.db.ids import new_invocation_id
 from app.errors import NotFound
+from app.node.deadline import Deadline
 from app.node.port import CallLease, NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
@@ -312,7 +313,7 @@ class Executor:
             outcome = Outcome.CANCELLED  # anything unforeseen mid-exchange: its reply is orphaned
             try:
                 # a call sent straight to a worker may queue there first, at most the queue wait
-                async with asyncio.timeout(hard_timeout + lease.wait_s):  # no extra task, unlike wait_for
+                with Deadline(hard_timeout + lease.wait_s):  # one timer (app/node/deadline.py)
                     reply, out = await lease.exchange(run, body, on_chunk)
                     if isinstance(reply, Refused) and reply.reason == RefuseReason.KERNELS and run.kernels is None:
                         run.kernels = kernels.sources  # the worker holds another set: it takes this one

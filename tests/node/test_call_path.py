@@ -170,6 +170,41 @@ async def test_a_worker_killed_with_calls_queued_fails_only_the_one_running(node
         assert [(q.status_code, q.text) for q in answers] == [(200, f"q{i}") for i in range(3)]
 
 
+async def test_a_call_queued_at_its_worker_past_the_queue_wait_is_refused_and_the_running_one_ends_at_its_deadline(
+    node: tuple[Any, str],
+) -> None:
+    """Each front gives up a call still queued at the tenant's busy worker at the node's queue
+    wait (2 s), with 429 and Retry-After; the call that holds the worker runs on to its own
+    deadline (504) and the worker then takes calls again."""
+    proc, base = node
+    fronts = await both_fronts(proc, FRONTS)
+    async with http(base) as admin:
+        tid, key = await new_tenant(admin, max_concurrency=1, timeout_ms=6_000)
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
+        assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(pinned(base, f, fronts)) for f in fronts]
+            for client in clients:  # bound, and each front routes the tenant's calls to its worker
+                assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
+            running = asyncio.create_task(admin.post("/v1/functions/loop/invoke", headers=key))
+            await until(lambda: tenant_busy(admin, tid), "the endless call to run")
+
+            async def queued(client: Any) -> tuple[int, str, str | None, float]:
+                t0 = time.monotonic()
+                r = await client.post("/v1/functions/echo/invoke", headers=key, content=b"late")
+                return r.status_code, r.json()["error"]["message"], r.headers.get("retry-after"), time.monotonic() - t0
+
+            answers = await asyncio.gather(*(queued(c) for c in clients))
+            assert not running.done()  # refused while the worker was still busy, not when it freed
+            for status, message, retry_after, waited in answers:
+                assert status == 429 and "queue wait" in message and retry_after == "1", answers
+                assert 1.5 < waited < 5.0, answers
+            r = await running
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
+        r = await admin.post("/v1/functions/echo/invoke", headers=key, content=b"after")
+        assert (r.status_code, r.text) == (200, "after")
+
+
 async def test_a_killed_front_gives_its_calls_slots_back(node: tuple[Any, str]) -> None:
     proc, base = node
     fronts = await both_fronts(proc, FRONTS)
