@@ -39,3 +39,5 @@ class SharedReads(Generic[K, V]):
     def _done(self, key: K, read: asyncio.Future[V]) -> None:
         if self._reads.get(key) is read:
             del self._reads[key]
+        if not read.cancelled():
+            read.exception()  # retrieved: every caller may have gone (asyncio would log it)
