@@ -344,3 +344,25 @@ def test_the_guest_floor_less_its_hop_is_judged_on_the_calls_alternated_on_one_c
     del r["floor_mixed_c1"]  # results without the alternated run: judged on the two runs
     _report(r, 2, 8)
     assert _line(capsys.readouterr().out, "c=1 p50: one hop + guest, less one hop (us)").split()[-4:] == ["100", "<=", "60", "NO"]
+
+
+def test_the_c1_ratio_to_the_guest_floor_is_judged_on_the_median_of_rounds_taken_in_turn(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _results([3.0])
+    r["floor_c1"], r["node_c1"] = _result(0.4), _result(0.8)  # runs minutes apart: 2.00x
+    # six rounds, node then floor each: 1.25, 1.5, 1.2, 1.27, 2.0, 1.1
+    for i, (node, floor) in enumerate([(0.25, 0.2), (0.3, 0.2), (0.24, 0.2), (0.254, 0.2), (0.4, 0.2), (0.22, 0.2)]):
+        r[f"node_c1_round{i}"], r[f"floor_c1_round{i}"] = _result(2 * node), _result(2 * floor)
+    _report(r, 8, 8)
+    out = capsys.readouterr().out
+    assert _line(out, "c=1 p50: node / one hop + guest, runs minutes apart").split()[-1] == "2.00x"
+    assert _line(out, "c=1 p50: node / one hop + guest, 6 rounds in turn (median)").split()[-4:] == ["1.26x", "<=", "1.3x", "yes"]
+    assert _line(out, "  each round's").split()[-6:] == ["1.25", "1.50", "1.20", "1.27", "2.00", "1.10"]
+    assert _line(out, "  the rounds' median p50s").split()[-3:] == ["0.252", "|", "0.200"]
+    r["node_c1_round4"] = _result(0.2)  # a round's node below its floor counts as it is
+    r["node_c1_round0"] = _result(0.6)
+    r["node_c1_round1"] = r["node_c1_round3"] = _result(0.8)  # now 1.5, 2.0, 1.2, 2.0, 0.5, 1.1
+    _report(r, 8, 8)
+    assert _line(capsys.readouterr().out, "c=1 p50: node / one hop + guest, 6 rounds").split()[-4:] == ["1.35x", "<=", "1.3x", "NO"]
+    del r["floor_c1_round2"]  # the rounds end at the first without both runs: 1.5, 2.0
+    _report(r, 8, 8)
+    assert _line(capsys.readouterr().out, "c=1 p50: node / one hop + guest, 2 rounds").split()[-4:] == ["1.75x", "<=", "1.3x", "NO"]
