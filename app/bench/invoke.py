@@ -57,7 +57,7 @@ BODY = "hello"
 # The node's c=1 against the guest floor's in one-second runs taken in turn: a host's hop drifts by
 # tens of µs within minutes (three floor starts on one H200 host: 199, 222 and 282 µs at c=1), so
 # two runs minutes apart compare moments of the host as much as the two designs
-C1_ROUNDS = 6
+C1_ROUNDS = 10
 # the tenants of the spread runs: many small tenants called together, not one large one
 SPREAD_TENANTS = 16
 SPREAD_CONCURRENCY = 4
