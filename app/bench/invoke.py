@@ -25,7 +25,6 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -115,9 +114,7 @@ def bench_invoke(args: argparse.Namespace) -> int:
         _post(url, 8, 1)
         res["relay_c1"] = _post(url, 1, secs)
         res["relay_c32"] = _post(url, 32, secs)
-    # the guest floor stays up until the node's c=1 rounds beside it are done (`_c1_rounds`)
-    with ExitStack() as floor_up:
-        url = floor_url = floor_up.enter_context(bare_relay(procs, far=args.workers, guest=True))  # ... that also runs the guest, as the node's workers
+    with bare_relay(procs, far=args.workers, guest=True) as url:  # ... that also runs the guest, as the node's workers
         _post(url, 8, 1)
         res["floor_c1"] = _post(url, 1, secs)
         # its guest's run against the very hop it rides on: calls with and without the guest
@@ -126,89 +123,90 @@ def bench_invoke(args: argparse.Namespace) -> int:
         res["floor_mixed_c1"] = run_wrk(url, connections=1, seconds=secs, method="POST", body=BODY, timed=True, alternate="/echo/plain")
         res["floor_c32"] = _post(url, 32, secs)
 
-        print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
-        wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
-        env = {
-            "TENSORWASM_PROCESSES": str(procs), "TENSORWASM_MAX_WORKERS": str(args.workers), "TENSORWASM_WARM_SPARES": "2",
-            "TENSORWASM_PHASE_CLOCK": PhaseClock.WALL.value,  # the default, whatever this shell exports
-        }
-        with node_process(**env) as (base, node_pid), httpx.Client(base_url=base, timeout=60) as client:
-            url = f"{base}/v1/functions/echo/invoke"
-            hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
-            _post(url, 8, 2, hot)  # binds the tenant's workers
-            time.sleep(_PUBLISHED_S)  # every scrape below waits for the fronts' held counts
-            before = observed.scrape(client)
-            res["node_c1"] = _post(url, 1, secs, hot)
-            time.sleep(_PUBLISHED_S)
-            c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
+    print(f"node: tensorwasm serve, {procs} processes, {args.workers} workers", file=sys.stderr)
+    wasm = bytes(wasmtime.wat2wasm(ECHO_WAT))
+    env = {
+        "TENSORWASM_PROCESSES": str(procs), "TENSORWASM_MAX_WORKERS": str(args.workers), "TENSORWASM_WARM_SPARES": "2",
+        "TENSORWASM_PHASE_CLOCK": PhaseClock.WALL.value,  # the default, whatever this shell exports
+    }
+    with node_process(**env) as (base, node_pid), httpx.Client(base_url=base, timeout=60) as client:
+        url = f"{base}/v1/functions/echo/invoke"
+        hot = setup_tenant(client, "hot", {"echo": wasm}, requests_per_second=100_000, max_concurrency=256)
+        _post(url, 8, 2, hot)  # binds the tenant's workers
+        time.sleep(_PUBLISHED_S)  # every scrape below waits for the fronts' held counts
+        before = observed.scrape(client)
+        res["node_c1"] = _post(url, 1, secs, hot)
+        time.sleep(_PUBLISHED_S)
+        c1_split = observed.split(observed.scrape(client), "hot") - observed.split(before, "hot")
+        with bare_relay(procs, far=args.workers, guest=True) as floor_url:  # the guest floor again, beside the node
+            _post(floor_url, 8, 1)
             for i in range(C1_ROUNDS):  # the node's c=1 and the guest floor's, in turn
                 res[f"node_c1_round{i}"] = _post(url, 1, 1, hot)
                 res[f"floor_c1_round{i}"] = _post(floor_url, 1, 1)
-            floor_up.close()  # its processes gone before the loaded runs
-            loaded = _loaded_runs(client, url, hot, node_pid, secs)
-            res |= {f"node_c{c}": r for c, r in loaded.runs.items()}
-            cpu_use = loaded.cpu_use
+        loaded = _loaded_runs(client, url, hot, node_pid, secs)
+        res |= {f"node_c{c}": r for c, r in loaded.runs.items()}
+        cpu_use = loaded.cpu_use
 
-            flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
-            quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
-            _post(url, q, 2, flood)
-            _post(url, 1, 1, quiet)
-            res["quiet_alone"] = _post(url, 1, secs, quiet, timed=True)
-            res["flood_at_quota"] = _post(url, q, secs, flood)
-            # the other tenant idled through that run, and the flood may have taken its worker: its
-            # next call can wait for a worker start, timed here on its own, not in the runs below
-            t0 = time.perf_counter()
-            client.post("/v1/functions/echo/invoke", content=BODY, headers=quiet).raise_for_status()
-            after_idle_ms = (time.perf_counter() - t0) * 1000
-            time.sleep(_PUBLISHED_S)
-            first = after = observed.scrape(client)
-            slow: list[observed.Slow] = []
-            turns: list[int] = []
-            stalls: list[observed.Stalls] = []
-            # The host's own floor for the other tenant's figure: a call through a front and a worker
-            # of its own (the one-hop floor with the guest, one process each, nothing shared with the
-            # flood), timed alone and beside the same flood. Its tail beside the flood is the wait
-            # for a core on a busy host; the other tenant's, that plus sharing the node's fronts.
-            with bare_relay(1, far=1, guest=True) as private:
-                _post(private, 1, 1)
-                for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
-                    tag = f"_{i}" if i else ""
-                    # its unloaded p99 again, just before: a host drifts within minutes (H200 hosts:
-                    # 1.5 to 3.8 ms alone), so each flood run is judged against the baseline next to it
-                    res[f"quiet_alone_before{tag}"] = _post(url, 1, secs, quiet, True)
-                    time.sleep(_PUBLISHED_S)
-                    before, host_before = observed.scrape(client), cpu.HostCpu.read()
-                    res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = _beside_flood(url, 4 * q, secs, flood, url, quiet)
-                    host_after = cpu.HostCpu.read()
-                    time.sleep(_PUBLISHED_S)
-                    after = observed.scrape(client)
-                    slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
-                    turns.append(observed.front_turns(after) - observed.front_turns(before))
-                    stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
-                    res[f"private_alone_before{tag}"] = _post(private, 1, secs, timed=True)
-                    res[f"flood_at_4x_private{tag}"], res[f"private_beside_flood{tag}"] = _beside_flood(url, 4 * q, secs, flood, private, None)
-            replaced = observed.replaced(after) - observed.replaced(first)
+        flood = setup_tenant(client, "flood", {"echo": wasm}, requests_per_second=100_000, max_concurrency=q)
+        quiet = setup_tenant(client, "quiet", {"echo": wasm}, requests_per_second=100_000, max_concurrency=4)
+        _post(url, q, 2, flood)
+        _post(url, 1, 1, quiet)
+        res["quiet_alone"] = _post(url, 1, secs, quiet, timed=True)
+        res["flood_at_quota"] = _post(url, q, secs, flood)
+        # the other tenant idled through that run, and the flood may have taken its worker: its
+        # next call can wait for a worker start, timed here on its own, not in the runs below
+        t0 = time.perf_counter()
+        client.post("/v1/functions/echo/invoke", content=BODY, headers=quiet).raise_for_status()
+        after_idle_ms = (time.perf_counter() - t0) * 1000
+        time.sleep(_PUBLISHED_S)
+        first = after = observed.scrape(client)
+        slow: list[observed.Slow] = []
+        turns: list[int] = []
+        stalls: list[observed.Stalls] = []
+        # The host's own floor for the other tenant's figure: a call through a front and a worker
+        # of its own (the one-hop floor with the guest, one process each, nothing shared with the
+        # flood), timed alone and beside the same flood. Its tail beside the flood is the wait
+        # for a core on a busy host; the other tenant's, that plus sharing the node's fronts.
+        with bare_relay(1, far=1, guest=True) as private:
+            _post(private, 1, 1)
+            for i in range(args.flood_runs):  # the tail beside a flood varies from run to run
+                tag = f"_{i}" if i else ""
+                # its unloaded p99 again, just before: a host drifts within minutes (H200 hosts:
+                # 1.5 to 3.8 ms alone), so each flood run is judged against the baseline next to it
+                res[f"quiet_alone_before{tag}"] = _post(url, 1, secs, quiet, True)
+                time.sleep(_PUBLISHED_S)
+                before, host_before = observed.scrape(client), cpu.HostCpu.read()
+                res[f"flood_at_4x{tag}"], res[f"quiet_beside_flood{tag}"] = _beside_flood(url, 4 * q, secs, flood, url, quiet)
+                host_after = cpu.HostCpu.read()
+                time.sleep(_PUBLISHED_S)
+                after = observed.scrape(client)
+                slow.append(observed.slow_calls(after, "quiet") - observed.slow_calls(before, "quiet"))
+                turns.append(observed.front_turns(after) - observed.front_turns(before))
+                stalls.append(observed.stalls(after, host_after) - observed.stalls(before, host_before))
+                res[f"private_alone_before{tag}"] = _post(private, 1, secs, timed=True)
+                res[f"flood_at_4x_private{tag}"], res[f"private_beside_flood{tag}"] = _beside_flood(url, 4 * q, secs, flood, private, None)
+        replaced = observed.replaced(after) - observed.replaced(first)
 
-        print("node again, its phases timed with the CPU clock", file=sys.stderr)
-        profiled = _hot_node(env | {"TENSORWASM_PHASE_CLOCK": PhaseClock.CPU.value}, wasm, secs)
-        res |= {f"profiled_c{c}": r for c, r in profiled.runs.items()}
-        # Polling spends a core's idle time, which grows with the idle cores, not with the calls: the
-        # work a call costs is read from the same node with the polling off
-        print("node again, without polling (TENSORWASM_SPIN_US=0)", file=sys.stderr)
-        resting = _hot_node(env | {"TENSORWASM_SPIN_US": "0"}, wasm, secs)
-        res |= {f"resting_c{c}": r for c, r in resting.runs.items()}
-        spread_workers = max(args.workers, SPREAD_TENANTS)
-        print(f"node again, {SPREAD_TENANTS} tenants called together, {spread_workers} workers", file=sys.stderr)
-        spread = _spread_node(env | {"TENSORWASM_MAX_WORKERS": str(spread_workers)}, wasm, secs)
-        res |= {f"spread_c{c}": r for c, r in spread.runs.items()}
+    print("node again, its phases timed with the CPU clock", file=sys.stderr)
+    profiled = _hot_node(env | {"TENSORWASM_PHASE_CLOCK": PhaseClock.CPU.value}, wasm, secs)
+    res |= {f"profiled_c{c}": r for c, r in profiled.runs.items()}
+    # Polling spends a core's idle time, which grows with the idle cores, not with the calls: the
+    # work a call costs is read from the same node with the polling off
+    print("node again, without polling (TENSORWASM_SPIN_US=0)", file=sys.stderr)
+    resting = _hot_node(env | {"TENSORWASM_SPIN_US": "0"}, wasm, secs)
+    res |= {f"resting_c{c}": r for c, r in resting.runs.items()}
+    spread_workers = max(args.workers, SPREAD_TENANTS)
+    print(f"node again, {SPREAD_TENANTS} tenants called together, {spread_workers} workers", file=sys.stderr)
+    spread = _spread_node(env | {"TENSORWASM_MAX_WORKERS": str(spread_workers)}, wasm, secs)
+    res |= {f"spread_c{c}": r for c, r in spread.runs.items()}
 
-        if args.json:
-            out: dict[str, object] = {k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}
-            out["front_phases"] = {
-                f"c{c}": _phase_summary(p, fronts_cpu_us(profiled.cpu_use[c], procs)) for c, p in profiled.phases.items()
-            }
-            print(json.dumps(out, indent=2))
-        _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, loaded.c32_split, profiled, turns, resting, spread)
+    if args.json:
+        out: dict[str, object] = {k: {**asdict(v), "rps": v.rps, "goodput": v.goodput} for k, v in res.items()}
+        out["front_phases"] = {
+            f"c{c}": _phase_summary(p, fronts_cpu_us(profiled.cpu_use[c], procs)) for c, p in profiled.phases.items()
+        }
+        print(json.dumps(out, indent=2))
+    _report(res, procs, q, replaced, slow, stalls, after_idle_ms, cpu_use, c1_split, loaded.c32_split, profiled, turns, resting, spread)
     return 0
 
 
