@@ -4,7 +4,8 @@ Everything runs in one go on one machine: the baseline (`app.bench.echo_app` und
 with one process and with the node's process count), the same app with one process hop
 (`app.bench.relay_app`: the body goes to another process and back, the floor of any design that
 keeps the guest out of the HTTP process) and the node (a real `tensorwasm serve` with an echo
-guest). Each figure is printed beside its baseline as a ratio, with the target it has. For the
+guest). Each figure is printed beside its baseline as a ratio, with the target it has; the node's
+c=1 ratio to the guest floor from one-second runs of each taken in turn (`C1_ROUNDS`). For the
 c=32 and c=256 runs it also prints the fronts' CPU per call phase by phase, from the node's
 `tensorwasm_front_phase_seconds_total` (app/observability/phases.py), scraped before and after.
 Those come from a second node, run after the first with the same runs at c=32 and c=256, that
