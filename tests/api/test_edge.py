@@ -39,9 +39,13 @@ async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def _server(limits: EdgeLimits = LIMITS, events: list[EdgeEvent] | None = None) -> AsyncIterator[tuple[int, uvicorn.Server]]:
+async def _server(
+    limits: EdgeLimits = LIMITS, events: list[EdgeEvent] | None = None, keep_alive_s: float = 5,
+) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     protocol = edge_protocol(limits, events.append if events is not None else None)
-    config = uvicorn.Config(_echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, timeout_keep_alive=5, access_log=False)
+    config = uvicorn.Config(
+        _echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, timeout_keep_alive=keep_alive_s, access_log=False,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server._serve())  # serve() would take over the signals
     async with asyncio.timeout(10):
@@ -79,6 +83,49 @@ async def test_a_request_within_the_limits_is_served_and_keeps_its_connection() 
             assert _status(head) == 200 and await reader.readexactly(2) == b"h%d" % i
             await asyncio.sleep(0.3)  # idle between requests, less than the head time each time
         writer.close()
+
+
+async def test_an_idle_keep_alive_is_closed_quietly_at_its_time_and_a_started_head_gets_the_head_time() -> None:
+    limits = EdgeLimits(max_connections=20, head_timeout_s=1.0, max_head_bytes=4096, max_headers=10, body_grace_s=0.5, min_body_rate=1000)
+    events: list[EdgeEvent] = []
+    async with _server(limits, events, keep_alive_s=0.3) as (port, server):
+        # answered, then nothing: closed without a word after the keep-alive time, not the head's
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert _status(head) == 200 and await reader.readexactly(2) == b"hi"
+        t0 = time.monotonic()
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        assert 0.25 <= time.monotonic() - t0 < 0.9
+        writer.close()
+        # answered, then part of a next head: that head has the head's time, and gets its 408
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        t0 = time.monotonic()
+        writer.write(b"GET / HTTP/1.1\r\n")
+        async with asyncio.timeout(5):
+            data = await reader.read()
+        assert _status(data) == 408 and 0.9 <= time.monotonic() - t0 < 2.5
+        writer.close()
+        # a connection that never sent a byte is no keep-alive: it has the head's time too
+        took, data = await _exchange(port, b"")
+        assert _status(data) == 408 and 0.9 <= took < 2.5
+        assert not server.server_state.connections
+    assert events == [EdgeEvent.HEAD_TIMEOUT] * 2
+
+
+async def test_many_waiting_connections_each_get_their_own_time() -> None:
+    # connections that began to wait at different times are refused each at its own time
+    async with _server() as (port, _):
+        first = asyncio.create_task(_exchange(port, b"GET / HTTP/1.1\r\n"))
+        await asyncio.sleep(0.3)
+        second = asyncio.create_task(_exchange(port, b"GET / HTTP/1.1\r\n"))
+        (took1, data1), (took2, data2) = await asyncio.gather(first, second)
+        assert _status(data1) == _status(data2) == 408
+        assert 0.4 <= took1 < 1.2 and 0.4 <= took2 < 1.2
 
 
 async def test_a_head_that_does_not_arrive_in_time_is_refused() -> None:
