@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import msgspec
 
@@ -26,6 +26,14 @@ Payload = bytes | bytearray  # a frame's body as read: a large one in a buffer o
 
 class ProtocolError(RuntimeError):
     pass
+
+
+class FrameSink(Protocol):
+    """Where `write_frame` writes: a binary file, or anything that takes parts and a flush."""
+
+    def write(self, data: Buffer, /) -> object: ...
+
+    def flush(self) -> None: ...
 
 
 def encode(header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> list[Buffer]:
@@ -49,7 +57,7 @@ def decode_header(raw: bytes | memoryview) -> WorkerMessage:
         raise ProtocolError(f"bad frame header: {exc}") from None
 
 
-def write_frame(stream: BinaryIO, header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> None:
+def write_frame(stream: FrameSink, header: WorkerMessage, body: Buffer = b"", *more: Buffer) -> None:
     for part in encode(header, body, *more):
         stream.write(part)
     stream.flush()

@@ -17,18 +17,18 @@ import hmac
 import itertools
 import logging
 import os
-import selectors
+import select
 import signal
 import socket
 import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import msgspec
 
-from app.contract.frames import ProtocolError, read_frame, write_frame
+from app.contract.frames import HEAD, FrameSink, ProtocolError, check_sizes, decode_header, read_frame, write_frame
 from app.contract.messages import (
     Bind,
     Chunk,
@@ -278,7 +278,7 @@ class _Worker:
             return Refused(error="this worker holds another kernel set", reason=RefuseReason.KERNELS)
         return None
 
-    def run(self, msg: Run, body: bytes, out: BinaryIO, watch: int | None = None) -> None:
+    def run(self, msg: Run, body: bytes, out: FrameSink, watch: int | None = None) -> None:
         """`watch`: the front's connection the run came on; a front whose caller went away
         half-closes it, which stops the guest (app/runtime/runner.py)."""
         mark = run_mark(msg.invocation_id)
@@ -330,6 +330,69 @@ IDLE_WORK_AFTER_S = 1.0
 WARM_TURN_S = 0.2
 
 
+class _Reply:
+    """The writing side of a front's connection, as `write_frame` uses it: a frame's parts are
+    gathered and leave in one `sendmsg` at `flush` (a buffered socket file took a Python-level
+    write per part and another for the flush, on every reply)."""
+
+    __slots__ = ("_sock", "_parts", "_size")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._parts: list[Any] = []
+        self._size = 0
+
+    def write(self, data: Any) -> int:
+        self._parts.append(data)
+        n = len(data)
+        self._size += n
+        return n
+
+    def flush(self) -> None:
+        parts, total, self._parts, self._size = self._parts, self._size, [], 0
+        if not parts:
+            return
+        sent = self._sock.sendmsg(parts)
+        if sent < total:  # a send cut short (a signal): the rest, whole
+            self._sock.sendall(b"".join(bytes(p) for p in parts)[sent:])
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    while view:
+        n = sock.recv_into(view)
+        if not n:
+            raise ProtocolError("the front closed mid-frame")
+        view = view[n:]
+
+
+def _read_call(sock: socket.socket) -> tuple[WorkerMessage, bytes] | None:
+    """A front's frame off its (blocking) connection, which has turned readable; None at its end.
+    One `recv` takes a small frame whole; a larger one's rest is read into a buffer of its size."""
+    first = sock.recv(_FIRST_READ)
+    if not first:
+        return None
+    if len(first) < HEAD.size:
+        rest = bytearray(HEAD.size - len(first))
+        _recv_exactly(sock, memoryview(rest))
+        first += rest
+    hlen, blen = HEAD.unpack_from(first)
+    check_sizes(hlen, blen)
+    size = HEAD.size + hlen + blen
+    if len(first) > size:
+        raise ProtocolError("a second frame before this one's answer")
+    start = HEAD.size + hlen
+    if len(first) == size:
+        return decode_header(memoryview(first)[HEAD.size : start]), first[start:]
+    whole = bytearray(size)
+    whole[: len(first)] = first
+    view = memoryview(whole)
+    _recv_exactly(sock, view[len(first) :])
+    return decode_header(view[HEAD.size : start]), bytes(view[start:])
+
+
+_FIRST_READ = 1 << 16
+
+
 def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str, spin_s: float = 0.0) -> int:
     """Serve the control pipe and fronts' connections on a unix socket.
 
@@ -341,43 +404,45 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
     time, so a readable descriptor never has a second frame waiting in its file buffer; one that
     turns readable again while its call waits is its front giving up (EOF): the call is answered
     cancelled without running. For `spin_s` after each run it polls instead of sleeping, so that
-    at low load the next call is read as it lands rather than after a wake-up.
+    at low load the next call is read as it lands rather than after a wake-up. The descriptors
+    are watched with epoll itself, not `selectors` (a Python-level step for every event).
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(socket.SOMAXCONN)  # calls queued behind a long run each connect; accepted between runs
-    sel = selectors.DefaultSelector()
-    sel.register(proto_in, selectors.EVENT_READ, None)
-    sel.register(listener, selectors.EVENT_READ, None)
-    conns: dict[int, tuple[socket.socket, BinaryIO, BinaryIO]] = {}
+    poller = select.epoll()
+    control_fd, listener_fd = proto_in.fileno(), listener.fileno()
+    poller.register(control_fd, select.EPOLLIN)
+    poller.register(listener_fd, select.EPOLLIN)
+    conns: dict[int, tuple[socket.socket, _Reply]] = {}
     waiting: list[tuple[float, int, int]] = []  # (start_by, arrival, fd): a heap, earliest first
     calls: dict[int, tuple[Run, bytes]] = {}  # by fd: the call that waits on it
     arrivals = itertools.count()
 
     def drop(fd: int) -> None:
         calls.pop(fd, None)
-        conn, rfile, wfile = conns.pop(fd)
-        sel.unregister(conn)
-        for f in (rfile, wfile, conn):
-            with contextlib.suppress(OSError):
-                f.close()
+        conn, _reply = conns.pop(fd)
+        with contextlib.suppress(OSError):
+            poller.unregister(fd)
+        with contextlib.suppress(OSError):
+            conn.close()
 
     def take(fd: int) -> None:
-        _conn, rfile, wfile = conns[fd]
+        conn, reply = conns[fd]
         try:
-            frame = read_frame(rfile)
+            frame = _read_call(conn)
             if frame is None:
                 if fd in calls:  # given up before it ran: answered, so its front keeps the worker
-                    write_frame(wfile, Result(status=RunStatus.CANCELLED, stdout_len=0, error="the caller went away before the run started"))
+                    write_frame(reply, Result(status=RunStatus.CANCELLED, stdout_len=0, error="the caller went away before the run started"))
                 drop(fd)
                 return
             msg, body = frame
             if not isinstance(msg, Run):
-                write_frame(wfile, Failed(error=f"unexpected message {type(msg).__name__}"))
+                write_frame(reply, Failed(error=f"unexpected message {type(msg).__name__}"))
             elif (refused := worker.refusal(msg, now=None)) is not None:  # before admit spends a lease
-                write_frame(wfile, refused)
+                write_frame(reply, refused)
             elif (why := worker.admit(msg)) is not None:
-                write_frame(wfile, Refused(error=why))
+                write_frame(reply, Refused(error=why))
             else:
                 calls[fd] = (msg, body)
                 heapq.heappush(waiting, (msg.start_by or time.monotonic(), next(arrivals), fd))
@@ -389,7 +454,8 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
     spinning = False
     try:
         while True:
-            events = sel.select(0 if waiting or spinning else (idle_for if worker.deferred else None))
+            timeout = 0 if waiting or spinning else (idle_for if worker.deferred else -1)
+            events = poller.poll(timeout)
             if spinning and not events and not waiting:
                 spinning = spin.keep(time.monotonic())
                 continue
@@ -397,35 +463,34 @@ def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path
                 idle_for = IDLE_WORK_AFTER_S if worker.do_deferred() else WARM_TURN_S
             elif events:
                 idle_for = IDLE_WORK_AFTER_S  # its idle time counts again from here
-            for key, _ in events:
-                if key.fileobj is proto_in:
+            for fd, _ in events:
+                if fd == control_fd:
                     frame = read_frame(proto_in)
                     if frame is None or not worker.control(frame[0], frame[1], proto_out):
                         return 0
-                elif key.fileobj is listener:
+                elif fd == listener_fd:
                     conn, _addr = listener.accept()
-                    rfile = cast(BinaryIO, conn.makefile("rb", buffering=1 << 16))
-                    wfile = cast(BinaryIO, conn.makefile("wb", buffering=1 << 16))
-                    conns[conn.fileno()] = (conn, rfile, wfile)
-                    sel.register(conn, selectors.EVENT_READ, None)
-                else:
-                    take(key.fd)
+                    conns[conn.fileno()] = (conn, _Reply(conn))
+                    poller.register(conn.fileno(), select.EPOLLIN)
+                elif fd in conns:
+                    take(fd)
             if not waiting:
                 continue
             _, _, fd = heapq.heappop(waiting)
             if fd not in calls:
                 continue  # dropped while it waited
             msg, body = calls.pop(fd)
-            wfile = conns[fd][2]
+            reply = conns[fd][1]
             try:
                 if (late := worker.refusal(msg, now=time.monotonic())) is not None:
-                    write_frame(wfile, late)
+                    write_frame(reply, late)
                 else:
-                    worker.run(msg, body, wfile, watch=fd)
+                    worker.run(msg, body, reply, watch=fd)
                     spinning = spin.start(time.monotonic())
             except OSError:  # the front went away meanwhile
                 drop(fd)
     finally:
+        poller.close()
         with contextlib.suppress(OSError):
             os.unlink(path)
 

@@ -36,6 +36,8 @@ FIELDS = (
     "deferred_used",
 )
 _LAYOUT = struct.Struct("<" + "q" * len(FIELDS))
+_OFFSET = {name: 8 * i for i, name in enumerate(FIELDS)}  # a field's place, found in one step
+_FIELD = struct.Struct("<q")
 _PREFIX = "tensorwasm-worker-"
 _NAME = re.compile(re.escape(_PREFIX) + r"(\d+)\.(\d+)-([0-9a-f]+)\.stats")
 
@@ -84,13 +86,13 @@ class StatsPage:
         self._map = mmap.mmap(self._f.fileno(), _LAYOUT.size)
 
     def get(self, field: str) -> int:
-        return int(struct.unpack_from("<q", self._map, 8 * FIELDS.index(field))[0])
+        return int(_FIELD.unpack_from(self._map, _OFFSET[field])[0])
 
     def read(self) -> dict[str, int]:
         return dict(zip(FIELDS, _LAYOUT.unpack_from(self._map, 0), strict=True))
 
     def set(self, field: str, value: int) -> None:
-        struct.pack_into("<q", self._map, 8 * FIELDS.index(field), value)
+        _FIELD.pack_into(self._map, _OFFSET[field], value)
 
     def close(self, unlink: bool = False) -> None:
         try:
