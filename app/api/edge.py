@@ -232,7 +232,7 @@ class EdgeProtocol(HttpToolsProtocol):
         waiting[self] = None
         waiting.move_to_end(self)  # so the sweep meets the connections in the order they began to wait
         sweep = type(self).sweep
-        if sweep is None:
+        if sweep is None or sweep.loop is not self.loop:  # the server's first connection (on this loop)
             sweep = type(self).sweep = _Sweep(self.loop, self.limits, self.timeout_keep_alive, waiting)
         sweep.wake()
 
@@ -348,20 +348,20 @@ class _Sweep:
     keep-alive time is closed quietly, as uvicorn's own timer closes it. The set is in the order
     the connections began to wait, so a look stops at the first that may wait on."""
 
-    __slots__ = ("_loop", "_limits", "_keep_alive_s", "_waiting", "_handle", "period")
+    __slots__ = ("loop", "_limits", "_keep_alive_s", "_waiting", "_handle", "period")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limits: EdgeLimits, keep_alive_s: float, waiting: OrderedDict[EdgeProtocol, None]) -> None:
-        self._loop, self._limits, self._keep_alive_s, self._waiting = loop, limits, keep_alive_s, waiting
+        self.loop, self._limits, self._keep_alive_s, self._waiting = loop, limits, keep_alive_s, waiting
         self._handle: asyncio.TimerHandle | None = None
         self.period = min(_SWEEP_MAX_S, max(_SWEEP_MIN_S, min(limits.head_timeout_s, keep_alive_s) / 10))
 
     def wake(self) -> None:
         if self._handle is None:
-            self._handle = self._loop.call_later(self.period, self._look)
+            self._handle = self.loop.call_later(self.period, self._look)
 
     def _look(self) -> None:
         self._handle = None
-        now = self._loop.time()
+        now = self.loop.time()
         head_s, idle_s = self._limits.head_timeout_s, self._keep_alive_s
         first_s = min(head_s, idle_s)
         expired: list[tuple[EdgeProtocol, bool]] = []  # (connection, whether its head is late)
@@ -382,12 +382,7 @@ class _Sweep:
                 conn._stop_waiting()
                 conn.transport.close()
         if self._waiting:
-            self._handle = self._loop.call_later(self.period, self._look)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+            self._handle = self.loop.call_later(self.period, self._look)
 
 
 class _HeadWithBody:

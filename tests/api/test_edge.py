@@ -44,7 +44,8 @@ async def _server(
 ) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     protocol = edge_protocol(limits, events.append if events is not None else None)
     config = uvicorn.Config(
-        _echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, timeout_keep_alive=keep_alive_s, access_log=False,
+        _echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, access_log=False,
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]  # typed int, used as any number of seconds
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server._serve())  # serve() would take over the signals
@@ -322,3 +323,28 @@ async def test_an_answer_written_at_once_closes_where_uvicorn_would() -> None:
         # HEAD has no body to write: the answer goes through ASGI send
         _, data = await _exchange(port, b"HEAD /now HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
         assert _status(data) == 200 and b"x-way" not in data and data.endswith(b"\r\n\r\n")
+
+
+def test_a_protocol_class_served_on_a_second_loop_sweeps_there() -> None:
+    # the sweep belongs to the loop its server runs on: a class whose first server ran on
+    # another loop (now closed) still times its heads out on this one
+    protocol = edge_protocol(LIMITS)
+
+    async def serve_once() -> tuple[int, float]:
+        config = uvicorn.Config(_echo, host="127.0.0.1", port=0, http=protocol, lifespan="off", log_config=None, access_log=False)
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server._serve())
+        async with asyncio.timeout(10):
+            while not server.started:
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            took, data = await _exchange(port, b"GET / HTTP/1.1\r\n")
+            return _status(data), took
+        finally:
+            server.should_exit = True
+            await task
+
+    for _ in range(2):
+        status, took = asyncio.run(serve_once())
+        assert status == 408 and 0.4 <= took < 2
