@@ -4,7 +4,7 @@ open connections, on the time and size of a request's head, and on how slowly a 
 Without these a client needs no credentials to hold a front: connections that never finish
 their head stay open until the front runs out of descriptors, one endless header is buffered
 (and re-joined, quadratically) inside the parser, and a body trickled a byte at a time holds a
-request forever. Each limit here costs a counter or a timer per connection.
+request forever. Each limit here costs a counter per connection (a slow body, a timer).
 
 - **Connections**: past `max_connections` on this front, the connection that has waited longest
   for a request head (an idle keep-alive or a slow head) is closed to make room; only when every
