@@ -408,7 +408,6 @@ async def test_async_stream_and_records_through_either_front(node: tuple[Any, st
             r = await client.post("/v1/functions/echo/invocations", content=b"queued", headers=key)
             assert r.status_code == 202, r.text
             inv = r.json()["id"]
-            spin = (await client.post("/v1/functions/write_then_spin/invocations", headers=key)).json()["id"]
 
             async def status(i: str, want: str, c: httpx.AsyncClient = client) -> bool:
                 record = (await c.get(f"/v1/invocations/{i}", headers=key)).json()
@@ -417,6 +416,9 @@ async def test_async_stream_and_records_through_either_front(node: tuple[Any, st
 
             await until(lambda i=inv: status(i, "succeeded"), "the queued call to run")
             assert (await client.get(f"/v1/invocations/{inv}/output", headers=key)).content == b"queued"
+            # submitted once the first has run: two calls claimed together start in no set order
+            # (each reads its function first), and one that spins for a minute could go first
+            spin = (await client.post("/v1/functions/write_then_spin/invocations", headers=key)).json()["id"]
             await until(lambda i=spin: status(i, "running"), "the spinning call to start")
             t0 = time.monotonic()
             r = await client.post(f"/v1/invocations/{spin}/cancel", headers=key)
