@@ -146,10 +146,12 @@ class DirectLease:
 
     def _late(self) -> Rejected:
         """Still waiting at its worker at its start_by: refused as a call that waited out its queue wait."""
+        # not "at its concurrency limit": a tenant under it waits the same for busy workers on a
+        # node with no spare to grow into
         return Rejected(
             RejectReason.CONCURRENCY,
-            f"tenant is at its concurrency limit ({self.principal.quota.max_concurrency} running) and its call "
-            "waited longer than this node's queue wait; retry shortly",
+            f"the call waited longer than this node's queue wait ({self.wait_s * 1000:.0f} ms) behind the tenant's other "
+            "calls on its workers; retry shortly",
             1,
         )
 

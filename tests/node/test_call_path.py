@@ -197,7 +197,7 @@ async def test_a_call_queued_at_its_worker_past_the_queue_wait_is_refused_and_th
             answers = await asyncio.gather(*(queued(c) for c in clients))
             assert not running.done()  # refused while the worker was still busy, not when it freed
             for status, message, retry_after, waited in answers:
-                assert status == 429 and "queue wait" in message and retry_after == "1", answers
+                assert status == 429 and "queue wait (2000 ms)" in message and retry_after == "1", answers
                 assert 1.5 < waited < 5.0, answers
             r = await running
             assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
