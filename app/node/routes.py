@@ -86,6 +86,7 @@ class DirectLease:
     tried: set[str] = field(default_factory=set)
     invocation_id: str = ""
     depth: int = 0  # the calls queued at its worker before it when admitted
+    routed: int = 0  # the tenant's workers this front routed to when it was admitted
     shared: bool = False  # counted in the front's share (app/node/front_share.py) until released
     # its place in the tenant's order: admitted then, it may start until then + wait_s (a call
     # sent again keeps its place)
@@ -146,14 +147,15 @@ class DirectLease:
 
     def _late(self) -> Rejected:
         """Still waiting at its worker at its start_by: refused as a call that waited out its queue wait."""
-        # not "at its concurrency limit": a tenant under it waits the same for busy workers on a
-        # node with no spare to grow into
-        return Rejected(
-            RejectReason.CONCURRENCY,
-            f"the call waited longer than this node's queue wait ({self.wait_s * 1000:.0f} ms) behind the tenant's other "
-            "calls on its workers; retry shortly",
-            1,
-        )
+        limit, waited = self.principal.quota.max_concurrency, f"{self.wait_s * 1000:.0f} ms"
+        if self.routed >= limit:  # as many workers as it may run calls, each busy
+            why = f"tenant is at its concurrency limit ({limit} running) and its call waited longer than this node's queue wait ({waited})"
+        else:  # under its limit, but no spare to grow into: its workers' calls came first
+            why = (
+                f"the call waited longer than this node's queue wait ({waited}) behind the tenant's other calls on its "
+                f"{self.routed} busy worker(s) (its concurrency limit is {limit}; this node had no worker to add)"
+            )
+        return Rejected(RejectReason.CONCURRENCY, f"{why}; retry shortly", 1)
 
     def _drop_conn(self) -> None:
         if self.conn is not None:

@@ -333,6 +333,7 @@ class SupervisorClient:
             if depth > 0 and len(workers) < principal.quota.max_concurrency:
                 self._grow(principal)  # its calls queue at every worker: one more, if its share allows
             direct = DirectLease(self, principal, slot, picked, queue_slot, hard_timeout_s, traceparent, self.queue_wait_s)
+            direct.routed = len(workers)
             if self.share is not None:
                 direct.depth, direct.shared = depth, True
                 self.share.admitted(principal.id, depth > 0)

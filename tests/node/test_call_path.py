@@ -270,6 +270,33 @@ async def test_a_stuck_worker_of_a_silent_front_is_killed_at_the_hard_deadline(n
             assert (r.status_code, r.json()["error"]["code"]) in ((504, "timeout"), (500, "worker_crashed")), r.text
 
 
+async def test_a_call_that_waits_out_the_queue_wait_under_its_limit_is_told_why(server_database_url: str, tmp_path: Path) -> None:
+    """On a full node with no spare, a tenant under its `max_concurrency` whose one worker is busy
+    does not grow into another tenant's idle worker: its next call waits the queue wait at its
+    worker and is refused, and the refusal says that, not that the tenant is at its limit."""
+    env = {"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2", "TENSORWASM_WARM_SPARES": "0",
+           "TENSORWASM_RESERVED_WORKERS": "0", "TENSORWASM_QUEUE_WAIT_MS": "1000"}
+    with server_process(tmp_path, server_database_url, env=env) as server:
+        async with http(server.url) as client, http(server.url) as caller:
+            _, other = await new_tenant(client)
+            assert (await deploy(client, other, "echo", wat("echo"))).status_code == 201
+            assert (await client.post("/v1/functions/echo/invoke", headers=other, content=b"x")).status_code == 200
+            tid, mine = await new_tenant(client, max_concurrency=2, timeout_ms=30_000)
+            for fn in ("loop", "echo"):
+                assert (await deploy(client, mine, fn, wat(fn))).status_code == 201
+            assert (await client.post("/v1/functions/echo/invoke", headers=mine, content=b"x")).status_code == 200
+            running = asyncio.create_task(caller.post("/v1/functions/loop/invoke", headers=mine))
+            try:
+                await until(lambda: tenant_busy(client, tid), "the endless call to run")
+                r = await client.post("/v1/functions/echo/invoke", headers=mine, content=b"late")
+                assert r.status_code == 429 and r.headers.get("retry-after") == "1", r.text
+                message = r.json()["error"]["message"]
+                assert "queue wait (1000 ms)" in message and "1 busy worker" in message and "concurrency limit is 2" in message, message
+                assert not running.done()
+            finally:
+                running.cancel()  # the client goes away: its guest is stopped
+
+
 async def test_a_tenant_holding_every_worker_gives_one_up_to_a_new_tenant(server_database_url: str, tmp_path: Path) -> None:
     env = {"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_PROCESSES": "2", "TENSORWASM_MAX_WORKERS": "2", "TENSORWASM_WARM_SPARES": "1",
            "TENSORWASM_RESERVED_WORKERS": "0", "TENSORWASM_QUEUE_WAIT_MS": "3000"}
