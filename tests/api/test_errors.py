@@ -20,7 +20,8 @@ def _held(database_url: str, tenant_id: str) -> Iterator[None]:
     database-wide write lock, or PostgreSQL's lock on the tenant's row."""
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
-        holder = sqlite3.connect(str(url.database), timeout=0)
+        # it waits out a write of the app's own in progress (a heartbeat, a record batch), then holds
+        holder = sqlite3.connect(str(url.database), timeout=10)
         holder.execute("BEGIN IMMEDIATE")
         try:
             yield
