@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import psycopg
@@ -14,15 +15,21 @@ from sqlalchemy.engine import make_url
 from tests.helpers import ADMIN, new_tenant
 
 
-@contextmanager
-def _held(database_url: str, tenant_id: str) -> Iterator[None]:
+@asynccontextmanager
+async def _held(database_url: str, tenant_id: str) -> AsyncIterator[None]:
     """Another connection holds a lock the quota write needs (a front stopped mid-write): SQLite's
     database-wide write lock, or PostgreSQL's lock on the tenant's row."""
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
-        # it waits out a write of the app's own in progress (a heartbeat, a record batch), then holds
-        holder = sqlite3.connect(str(url.database), timeout=10)
-        holder.execute("BEGIN IMMEDIATE")
+        holder = sqlite3.connect(str(url.database), timeout=0)
+        deadline = time.monotonic() + 10
+        while True:  # a write of the app's own may be under way (it runs on this loop): let it end
+            try:
+                holder.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError:
+                assert time.monotonic() < deadline, "the app held the database's write lock for 10 s"
+                await asyncio.sleep(0.05)
         try:
             yield
         finally:
@@ -37,7 +44,7 @@ def _held(database_url: str, tenant_id: str) -> Iterator[None]:
 
 async def test_a_write_that_waits_out_the_lock_wait_is_503_and_the_retry_lands(client: httpx.AsyncClient, database_url: str) -> None:
     tid, _ = await new_tenant(client)
-    with _held(database_url, tid):
+    async with _held(database_url, tid):
         t0 = time.monotonic()
         r = await client.patch(f"/v1/admin/tenants/{tid}/quota", headers=ADMIN, json={"max_concurrency": 3})
         waited = time.monotonic() - t0
