@@ -357,6 +357,9 @@ class _Reply:
             self._sock.sendall(b"".join(bytes(p) for p in parts)[sent:])
 
 
+_FIRST_READ = 1 << 16  # a call's frame and its stdin up to this size come in one recv
+
+
 def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
     while view:
         n = sock.recv_into(view)
@@ -389,8 +392,6 @@ def _read_call(sock: socket.socket) -> tuple[WorkerMessage, bytes] | None:
     _recv_exactly(sock, view[len(first) :])
     return decode_header(view[HEAD.size : start]), bytes(view[start:])
 
-
-_FIRST_READ = 1 << 16
 
 
 def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str, spin_s: float = 0.0) -> int:
