@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import signal
 import socket
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -49,6 +51,10 @@ class SharedPortServer(uvicorn.Server):
         self._reading = False
         self._tasks: set[asyncio.Task[object]] = set()
         self._tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGINT:  # a front's Ctrl-C is its supervisor's (app/node/front.py)
+            super().handle_exit(sig, frame)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])  # the app's lifespan and uvicorn's state, no server of its own

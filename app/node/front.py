@@ -8,11 +8,15 @@ counts into the node's shared directory from its first import.
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C reaches the whole process group; the supervisor handles it and stops the fronts
+    # (SIGTERM). Ignored from the first line: a front still importing would die with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True, help="the node's listening socket")
     ap.add_argument("--ipc", required=True, help="the supervisor's unix socket")

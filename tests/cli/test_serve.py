@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +17,7 @@ from sqlalchemy.engine import make_url
 
 from app.settings import Settings
 from tests.helpers import ADMIN, ADMIN_TOKEN, ROOT, server_process
+from tests.node.helpers import fronts as front_pids
 
 
 def test_start_line_and_ctrl_c(server_database_url: str, tmp_path: Path) -> None:
@@ -39,6 +42,50 @@ def test_start_line_and_ctrl_c(server_database_url: str, tmp_path: Path) -> None
     assert f"{Settings().processes} front(s)" in line  # the product default: one per core, up to 8
     if backend == "cpu":
         assert "device(s) cpu," in line
+
+
+def _sigint_taken(pid: int) -> bool:
+    """Whether `pid` catches or ignores SIGINT (its bit in /proc's SigCgt or SigIgn masks)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    masks = dict(line.split(":\t", 1) for line in status.splitlines() if line.startswith(("SigCgt", "SigIgn")))
+    return any(int(masks.get(k, "0"), 16) >> (signal.SIGINT - 1) & 1 for k in ("SigCgt", "SigIgn"))
+
+
+def test_a_front_takes_no_ctrl_c_of_its_own(server_database_url: str, tmp_path: Path) -> None:
+    """Ctrl-C is the supervisor's to handle: a front started again (after its death) that gets
+    SIGINT all through its start-up (importing, then serving) neither dies nor prints a
+    traceback, and the node's Ctrl-C afterwards still stops everything cleanly."""
+    env = {"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_PROCESSES": "2"}
+    with server_process(tmp_path / "node", server_database_url, env=env) as node:
+        (old, other) = front_pids(node.proc.pid)
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not (new := set(front_pids(node.proc.pid)) - {old, other}):
+            assert time.monotonic() < deadline, node.log()
+            time.sleep(0.002)
+        (front,) = new
+        # from when the front's interpreter has taken SIGINT over from the default (which ends a
+        # process quietly, as a node's Ctrl-C in a front's first milliseconds still does), and
+        # the front is importing the app, all through its start-up and into serving
+        while not _sigint_taken(front):
+            time.sleep(0.001)
+        time.sleep(0.05)
+        until = time.monotonic() + 3  # a front's start-up is about a second
+        while time.monotonic() < until:
+            try:
+                os.kill(front, signal.SIGINT)
+            except ProcessLookupError:
+                raise AssertionError(node.log()) from None
+            time.sleep(0.02)
+        assert set(front_pids(node.proc.pid)) == {front, other}, node.log()
+        assert httpx.get(f"{node.url}/readyz").status_code == 200
+        code = node.interrupt()
+        log = node.log()
+    assert code == 0, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
 
 
 def test_start_line_hides_the_database_password(tmp_path: Path) -> None:
