@@ -74,11 +74,24 @@ def make_settings(database_url: str, data_dir: Path, **overrides: Any) -> Settin
     return Settings(**base)
 
 
+class ServerTransport(httpx.ASGITransport):
+    """The in-process app as a server runs it: httpx's transport runs the app in the test's own
+    task, where a server runs each request in a task of its own and reads the next request in a
+    later turn of its loop. So each answer here is followed by one turn of the loop, in which the
+    app does what it left for the loop once its answer was written (a call's counts and record:
+    app/observability/phases.py, `soon`)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        await asyncio.sleep(0)
+        return response
+
+
 @asynccontextmanager
 async def running_app(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
+        transport = ServerTransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://tw.test", timeout=60) as client:
             yield client, app.state.platform
 
@@ -399,7 +412,7 @@ async def until(check: Callable[[], bool], what: str, bound_s: float = 60) -> No
 def from_address(client: httpx.AsyncClient, host: str) -> httpx.AsyncClient:
     """Another client of the same in-process app whose requests come from `host`."""
     app = client._transport.app  # type: ignore[attr-defined]
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(host, 40000)), base_url=str(client.base_url), timeout=60)
+    return httpx.AsyncClient(transport=ServerTransport(app=app, client=(host, 40000)), base_url=str(client.base_url), timeout=60)
 
 
 class CountingBody:

@@ -14,8 +14,9 @@ module names below: `Phase.X` costs ~100 ns on Python 3.11, a module name ~20.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from enum import IntEnum, StrEnum
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, Generic, TypeVar
@@ -98,6 +99,22 @@ def answered(since: int) -> int:
 def add_ns(phase: Phase, ns: int) -> None:
     """Time measured otherwise (another thread's CPU)."""
     _ns[phase] += ns
+
+
+def soon(phase: Phase, fn: Callable[..., object], *args: Any) -> None:
+    """`fn(*args)`, timed as `phase`, once the calling task next yields: a call's counts and
+    record, which nothing on its path waits for. Asked before a call's run is sent, they are done
+    while the worker runs it; asked after its reply, once its answer is written (the fast path
+    writes a whole answer before it yields: app/api/fastpath.py)."""
+    asyncio.get_running_loop().call_soon(_timed, phase, fn, args)
+
+
+def _timed(phase: Phase, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+    t = clock()
+    try:
+        fn(*args)
+    finally:
+        lap(phase, t)
 
 
 def totals() -> tuple[tuple[int, ...], int]:

@@ -26,7 +26,7 @@ from app.node.deadline import Deadline
 from app.node.port import CallLease, NodePort
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
-from app.observability.phases import LOOKUP, METRICS, RECORD, RELEASE, SEND, clock, lap
+from app.observability.phases import LOOKUP, METRICS, RECORD, RELEASE, SEND, clock, lap, soon
 from app.observability.tracing import Tracing
 from app.queue.states import InvocationStatus
 from app.scheduler.leases import KernelSet, outcome_of
@@ -256,9 +256,7 @@ class Executor:
 
         def ended(status: InvocationStatus, host: HostCounts | None = None, **kw: Any) -> Execution:
             seconds = time.perf_counter() - t0
-            t = clock()
-            self.metrics.invocation(tenant.name, name, status.value, seconds, host)
-            lap(METRICS, t)
+            soon(METRICS, self.metrics.invocation, tenant.name, name, status.value, seconds, host)
             kw["error"] = bounded_error(kw.get("error"))
             if status != InvocationStatus.SUCCEEDED:
                 log.info("invocation %s of %s ended %s: %s", invocation_id, name, status.value, kw.get("error"))
@@ -301,9 +299,7 @@ class Executor:
             waited = leased - t0
         else:
             lease, waited, leased = ahead.lease, ahead.waited_s, time.perf_counter()
-        t = clock()
-        self.metrics.waited(tenant.name, waited)
-        lap(METRICS, t)
+        soon(METRICS, self.metrics.waited, tenant.name, waited)  # counted while the worker runs the call
         outcome: Outcome | None = Outcome.UNUSED  # the caller went away before the run was sent
         try:
             if (turn := self.node.turn(lease)) is not None:  # queued behind its own: a light tenant's calls first
@@ -337,9 +333,7 @@ class Executor:
             if not isinstance(reply, Result):
                 log.error("worker answered a run with %s", reply)
                 raise WorkerCrashed()
-            t = clock()
-            self.metrics.ran(tenant.name, reply.duration_ms / 1000)
-            lap(METRICS, t)
+            soon(METRICS, self.metrics.ran, tenant.name, reply.duration_ms / 1000)
         finally:
             if outcome is not None:
                 t = clock()
@@ -388,16 +382,13 @@ class InvokeService:
             # worker; recorded as such, not as an error
             seconds = time.perf_counter() - t0
             self.executor.metrics.invocation(tenant.name, name, InvocationStatus.CLIENT_CLOSED.value, seconds, None)
-            self._record(tenant, name, invocation_id, created, {
+            self._record(tenant.id, name, invocation_id, created, {
                 "status": InvocationStatus.CLIENT_CLOSED.value, "version": None, "started_at": created,
                 "duration_ms": seconds * 1000, "exit_code": None,
                 "error": "the client closed the connection before the answer", "stderr_tail": None,
             })
             raise
-        self._record(tenant, name, invocation_id, created, {
-            "status": ex.status.value, "version": ex.version, "started_at": ex.started_at, "duration_ms": ex.duration_ms,
-            "exit_code": ex.exit_code, "error": clean_text(ex.error), "stderr_tail": clean_text(ex.stderr_tail),
-        })
+        soon(RECORD, self._record_execution, tenant.id, name, invocation_id, created, ex)  # once the answer is written
         if ex.status == InvocationStatus.SUCCEEDED:
             return InvokeOutcome(invocation_id, 200, ex.stdout, ex.content_type)
         http, code = _ANSWER[ex.status]
@@ -408,7 +399,11 @@ class InvokeService:
             err["stderr_tail"] = ex.stderr_tail[-4096:]
         return InvokeOutcome(invocation_id, http, b"", "", err)
 
-    def _record(self, tenant: Principal, name: str, invocation_id: str, created: datetime, values: dict[str, Any]) -> None:
-        t = clock()
-        self.recorder.record({"id": invocation_id, "tenant_id": tenant.id, "function": name, "created_at": created, **values})
-        lap(RECORD, t)
+    def _record_execution(self, tenant_id: str, name: str, invocation_id: str, created: datetime, ex: Execution) -> None:
+        self._record(tenant_id, name, invocation_id, created, {
+            "status": ex.status.value, "version": ex.version, "started_at": ex.started_at, "duration_ms": ex.duration_ms,
+            "exit_code": ex.exit_code, "error": clean_text(ex.error), "stderr_tail": clean_text(ex.stderr_tail),
+        })
+
+    def _record(self, tenant_id: str, name: str, invocation_id: str, created: datetime, values: dict[str, Any]) -> None:
+        self.recorder.record({"id": invocation_id, "tenant_id": tenant_id, "function": name, "created_at": created, **values})
