@@ -14,18 +14,23 @@ died; the time limit is the parent's: it kills the process.
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import json
-import os
-import resource
 import signal
-import sys
-from typing import Any, BinaryIO
 
-from app.runtime.engine import make_engine
-from app.runtime.validation import InvalidModule, check_module, compile_module, has_start_function
-from app.sandbox.errors import looks_like_oom
+# Ctrl-C reaches the whole process group; the process that started this one stops it. Ignored
+# before the compiler's import (most of a start): there a KeyboardInterrupt printed a traceback.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+from typing import Any, BinaryIO  # noqa: E402
+
+from app.runtime.engine import make_engine  # noqa: E402
+from app.runtime.validation import InvalidModule, check_module, compile_module, has_start_function  # noqa: E402
+from app.sandbox.errors import looks_like_oom  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
 # (module (func (export "f") (param i32) (result i32) local.get 0 i32.const 1 i32.add)
