@@ -7,8 +7,9 @@ calls queued at it, so a front sends a call to the tenant's worker with the shor
 count is also kept per front, so that the calls of a front that died are given back when it is
 started again (`reclaim`).
 
-One `fcntl.flock` on the file guards every step (the kernel drops it when its holder dies, so a
-killed front never leaves the node locked). A step costs ~1-3 µs (docs/architecture.md).
+One `flock` on the file guards every step (the kernel drops it when its holder dies, so a
+killed front never leaves the node locked), taken with a few tries that keep the GIL before a
+wait in the kernel (app/shared_files.py). A step costs ~1-3 µs (docs/architecture.md).
 
 A tenant's entry carries nothing once its bucket is full and nothing is in flight: such entries
 are reused in place by the next tenant whose probe passes them, so the table never fills with
@@ -18,7 +19,6 @@ tenants long gone.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import math
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from app.shared_files import flocked, owned_path, sweep_owned
+from app.shared_files import flocked, lock, owned_path, sweep_owned, unlock
 
 _MAGIC = 0x54574144  # "TWAD"
 _HEADER = 64
@@ -247,7 +247,7 @@ class AdmissionTable:
         given the tenant's worker slots, the one with the shortest queue, now one call longer."""
         now = time.monotonic()
         key = tenant_key(tenant_id)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        lock(self._fd)
         try:
             slot = self._find(key, now, insert=True)
             if slot < 0:
@@ -271,11 +271,11 @@ class AdmissionTable:
             self._front_queued[front * self.layout.workers + best] += 1
             return Admitted(Verdict.OK, slot, 0.0, best, depth)
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            unlock(self._fd)
 
     def leave(self, front: int, slot: int, worker: int = -1) -> None:
         """An admitted call is over (answered, refused or given up), and off `worker`'s queue."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        lock(self._fd)
         try:
             at = front * self.layout.tenants + slot
             if self._front_inflight[at] > 0:
@@ -287,7 +287,7 @@ class AdmissionTable:
                     self._front_queued[at] -= 1
                     self._queued[worker] -= 1
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            unlock(self._fd)
 
     def inflight(self, tenant_id: str) -> int:
         with self._locked():
@@ -297,7 +297,7 @@ class AdmissionTable:
     # -- workers ----------------------------------------------------------------------------------
     def move(self, front: int, worker: int, to: int) -> None:
         """A call taken off `worker`'s queue and put on `to`'s (sent again elsewhere)."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        lock(self._fd)
         try:
             at = front * self.layout.workers + worker
             if worker >= 0 and self._front_queued[at] > 0:
@@ -307,7 +307,7 @@ class AdmissionTable:
                 self._queued[to] += 1
                 self._front_queued[front * self.layout.workers + to] += 1
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            unlock(self._fd)
 
     def queued(self, worker_slot: int) -> int:
         return int(self._queued[worker_slot])  # one aligned word: read without the lock
