@@ -20,11 +20,12 @@ import pytest
 from app import shared_files
 from app.shared_files import flocked, lock, unlock
 
-_CTX = multiprocessing.get_context("fork")
+_CTX = multiprocessing.get_context("spawn")  # fresh interpreters: the test process has threads
 _ROUNDS = 3000
 
 
-def _bump(path: str, rounds: int) -> None:
+def _bump(path: str, rounds: int, tries: int) -> None:
+    shared_files.LOCK_TRIES = tries
     fd = os.open(path, os.O_RDWR)  # a descriptor of its own: flock is per open file
     with mmap.mmap(fd, 8) as m:
         for _ in range(rounds):
@@ -35,12 +36,11 @@ def _bump(path: str, rounds: int) -> None:
 
 
 @pytest.mark.parametrize("tries", [shared_files.LOCK_TRIES, 0])
-def test_one_holder_at_a_time_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tries: int) -> None:
+def test_one_holder_at_a_time_across_processes(tmp_path: Path, tries: int) -> None:
     """With the tries before a wait and without them (every contended step waits in the kernel)."""
-    monkeypatch.setattr(shared_files, "LOCK_TRIES", tries)
     path = tmp_path / "counter"
     path.write_bytes(bytes(8))
-    procs = [_CTX.Process(target=_bump, args=(str(path), _ROUNDS)) for _ in range(4)]
+    procs = [_CTX.Process(target=_bump, args=(str(path), _ROUNDS, tries)) for _ in range(4)]
     for p in procs:
         p.start()
     for p in procs:
