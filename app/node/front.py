@@ -1,5 +1,7 @@
-"""A front process: uvicorn serving the app on the node's inherited listening socket, asking
-the supervisor for leases (`python -m app.node.front`, started by app/node/supervisor.py).
+"""A front process: uvicorn serving the app on the node's inherited listening socket
+(`python -m app.node.front`, started by app/node/supervisor.py). A warm call is admitted in the
+node's shared table and sent straight to a worker (app/node/routes.py); the supervisor is asked
+only for what it decides, such as a worker for a tenant that has none.
 
 PROMETHEUS_MULTIPROC_DIR is in this process's environment from its start, so prometheus_client
 counts into the node's shared directory from its first import.
