@@ -42,8 +42,8 @@ def lock(fd: int) -> None:
         for _ in range(LOCK_TRIES):
             if not _FLOCK(fd, _TRY):
                 return
-            if (err := ctypes.get_errno()) not in (errno.EWOULDBLOCK, errno.EINTR):
-                raise OSError(err, os.strerror(err))
+            if ctypes.get_errno() not in (errno.EWOULDBLOCK, errno.EINTR):
+                raise _call_error()
     fcntl.flock(fd, _EX)
 
 
@@ -51,8 +51,12 @@ def unlock(fd: int) -> None:
     if _FLOCK is None:
         fcntl.flock(fd, _UN)
     elif _FLOCK(fd, _UN):
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise _call_error()
+
+
+def _call_error() -> OSError:
+    err = ctypes.get_errno()
+    return OSError(err, os.strerror(err))
 
 
 def owned_path(directory: Path, prefix: str) -> Path:

@@ -346,16 +346,20 @@ def process_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+def parent_of(pid: int) -> int | None:
+    """`pid`'s parent, from /proc (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (fronts, workers, the fork server), walking /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
+        if entry.isdigit() and (ppid := parent_of(int(entry))) is not None:
             children.setdefault(ppid, []).append(int(entry))
     found: set[int] = set()
     todo = [pid]

@@ -393,7 +393,6 @@ def _read_call(sock: socket.socket) -> tuple[WorkerMessage, bytes] | None:
     return decode_header(view[HEAD.size : start]), bytes(view[start:])
 
 
-
 def _serve_fronts(worker: _Worker, proto_in: BinaryIO, proto_out: BinaryIO, path: str, spin_s: float = 0.0) -> int:
     """Serve the control pipe and fronts' connections on a unix socket.
 

@@ -54,29 +54,16 @@ def _sigint_taken(pid: int) -> bool:
     return any(int(masks.get(k, "0"), 16) >> (signal.SIGINT - 1) & 1 for k in ("SigCgt", "SigIgn"))
 
 
-def _fronts(supervisor: int) -> set[int]:
-    """The supervisor's fronts: its own children (a process a front forks bears the front's
-    command line until it execs)."""
-    return {p for p in front_pids(supervisor) if _parent(p) == supervisor}
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def test_a_front_takes_no_ctrl_c_of_its_own(server_database_url: str, tmp_path: Path) -> None:
     """Ctrl-C is the supervisor's to handle: a front started again (after its death) that gets
     SIGINT all through its start-up (importing, then serving) neither dies nor prints a
     traceback, and the node's Ctrl-C afterwards still stops everything cleanly."""
     env = {"TENSORWASM_ADMIN_TOKEN": ADMIN_TOKEN, "TENSORWASM_PROCESSES": "2"}
     with server_process(tmp_path / "node", server_database_url, env=env) as node:
-        (old, other) = sorted(_fronts(node.proc.pid))
+        (old, other) = front_pids(node.proc.pid)
         os.kill(old, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while not (new := _fronts(node.proc.pid) - {old, other}):
+        while not (new := set(front_pids(node.proc.pid)) - {old, other}):
             assert time.monotonic() < deadline, node.log()
             time.sleep(0.002)
         (front,) = new
@@ -93,7 +80,7 @@ def test_a_front_takes_no_ctrl_c_of_its_own(server_database_url: str, tmp_path: 
             except ProcessLookupError:
                 raise AssertionError(node.log()) from None
             time.sleep(0.02)
-        assert _fronts(node.proc.pid) == {front, other}, node.log()
+        assert set(front_pids(node.proc.pid)) == {front, other}, node.log()
         assert httpx.get(f"{node.url}/readyz").status_code == 200
         code = node.interrupt()
         log = node.log()
