@@ -71,7 +71,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics.attach(scheduler)
         node = LocalNode(scheduler)
     else:  # a front: the scheduler runs in the supervisor
-        node = client = SupervisorClient(node_socket, settings.queue_limit, settings.queue_wait_ms / 1000, settings.front_share_per_pass)
+        node = client = SupervisorClient(
+            node_socket, settings.queue_limit, settings.queue_wait_ms / 1000, settings.front_share_per_pass,
+            settings.front_share_linger_ms / 1000,
+        )
         if client.share is not None:
             client.share.held = metrics.pending.count(metrics.front_turns)  # published with the front's held counts
     sandbox = Sandbox(

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     # none of its calls queued) is in a front, the calls queued behind another at their workers go
     # on this many per pass of its event loop; 0: none ever waits.
     front_share_per_pass: int = Field(default=1, ge=0)
+    # ... and for this long after a light tenant's last call in a front: its next call is given way
+    # from its first step, before it is known to be light again
+    front_share_linger_ms: int = Field(default=50, ge=0, le=60_000)
     # How long a front and a worker poll after a call's message instead of sleeping, so that at
     # low load the next message is read as it lands, not after a wake-up; each stops at the first
     # yield of its core to another process (app/node/spin.py). 0: never poll.

@@ -18,7 +18,8 @@ light tenant's call here nothing waits, and tenants that all queue never wait on
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import time
+from collections import OrderedDict, deque
 
 from app.observability.pending import Held
 
@@ -27,17 +28,22 @@ class FrontShare:
     """Per tenant: its calls in this front admitted onto a free worker (direct) and behind another
     (queued); the tenants with direct calls and none queued (light); the turns of waiting calls."""
 
-    __slots__ = ("_direct", "_queued", "_light", "_waiting", "_draining", "per_pass", "held")
+    __slots__ = ("_direct", "_queued", "_light", "_lingering", "_waiting", "_draining", "per_pass", "linger_s", "held")
 
-    def __init__(self, per_pass: int) -> None:
+    def __init__(self, per_pass: int, linger_s: float = 0.0) -> None:
         self._direct: dict[str, int] = {}  # tenant id -> its calls here admitted onto a free worker
         self._queued: dict[str, int] = {}  # tenant id -> its calls here admitted behind another
         # tenants with direct calls here and none queued: the ones queued calls give way to (two
         # tenants that both queue give way to neither, so neither loses a pass to the other)
         self._light: set[str] = set()
+        # tenants whose last call here left light, until when they still count as light: a light
+        # tenant's next call is given way from its first step (its bytes read, its key checked),
+        # before it is known to be light again. Ordered by that time (a renewal moves to the end).
+        self._lingering: OrderedDict[str, float] = OrderedDict()
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
         self.per_pass = per_pass  # queued calls let on at each pass while a light tenant's call is here
+        self.linger_s = linger_s  # how long a light tenant still counts as here after its last call
         # turns waited for, held until the front publishes its counts (app/observability/pending.py)
         self.held = Held()
 
@@ -58,15 +64,32 @@ class FrontShare:
         self._weigh(tenant_id)
 
     def _weigh(self, tenant_id: str) -> None:
-        if tenant_id in self._direct and tenant_id not in self._queued:
-            self._light.add(tenant_id)
-        else:
+        lingering = self._lingering
+        if tenant_id in self._queued:
             self._light.discard(tenant_id)
+            lingering.pop(tenant_id, None)
+        elif tenant_id in self._direct:
+            self._light.add(tenant_id)
+            lingering.pop(tenant_id, None)
+        elif tenant_id in self._light:  # its last call here is over, and it left light
+            self._light.discard(tenant_id)
+            if self.linger_s > 0:
+                lingering[tenant_id] = time.monotonic() + self.linger_s
+                lingering.move_to_end(tenant_id)
 
     def _gives_way(self, tenant_id: str) -> bool:
-        """Whether a light tenant other than this one has a call here."""
+        """Whether a light tenant other than this one has a call here, or had one within the
+        linger."""
         light = self._light
-        return len(light) > 1 or (len(light) == 1 and tenant_id not in light)
+        if len(light) > 1 or (len(light) == 1 and tenant_id not in light):
+            return True
+        lingering = self._lingering
+        if not lingering:
+            return False
+        now = time.monotonic()
+        while lingering and lingering[next(iter(lingering))] <= now:  # the oldest first
+            lingering.popitem(last=False)
+        return len(lingering) > 1 or (len(lingering) == 1 and tenant_id not in lingering)
 
     def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
         """For a call admitted behind another: a future done at its turn, or None when it goes on

@@ -101,12 +101,14 @@ class RemoteLease:
 
 
 class SupervisorClient:
-    def __init__(self, path: str, queue_limit: int = 256, queue_wait_s: float = 1.0, share_per_pass: int = 1) -> None:
+    def __init__(
+        self, path: str, queue_limit: int = 256, queue_wait_s: float = 1.0, share_per_pass: int = 1, share_linger_s: float = 0.05,
+    ) -> None:
         self.path = path
         self.queue_limit = queue_limit
         self.queue_wait_s = queue_wait_s
         # this front's time between tenants (app/node/front_share.py); 0: no call waits for a turn
-        self.share = FrontShare(share_per_pass) if share_per_pass > 0 else None
+        self.share = FrontShare(share_per_pass, share_linger_s) if share_per_pass > 0 else None
         self.front = 0
         self.table: AdmissionTable | None = None
         self._routes: dict[str, list[RoutedWorker]] = {}

@@ -104,3 +104,49 @@ async def test_calls_of_two_tenants_keep_their_order_one_a_pass() -> None:
     share.leave("quiet", queued=False)
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == ["a", "b", "a", "b"]
+
+
+async def test_a_light_tenant_is_given_way_for_the_linger_after_its_last_call() -> None:
+    share = FrontShare(per_pass=1, linger_s=0.2)
+    share.admitted("quiet", queued=False)
+    share.leave("quiet", queued=False)  # its call answered: its next one is given way from its first step
+    share.admitted("flood", queued=True)
+    waiting = share.turn("flood")
+    assert waiting is not None
+    await asyncio.sleep(0.25)  # the linger is over: what waited goes on, and nothing waits after
+    assert waiting.done() and share.waiting == 0
+    assert share.turn("flood") is None
+
+
+async def test_a_lingering_tenant_that_queues_or_calls_again_is_weighed_anew() -> None:
+    share = FrontShare(per_pass=1, linger_s=60)
+    share.admitted("quiet", queued=False)
+    share.leave("quiet", queued=False)
+    share.admitted("flood", queued=True)
+    assert share.turn("flood") is not None  # lingering
+    share.admitted("quiet", queued=True)  # it queues now: no longer light, lingering or not
+    assert share.turn("flood") is None
+    share.leave("quiet", queued=True)  # a call that queued leaves no linger behind
+    assert share.turn("flood") is None
+    share.admitted("quiet", queued=False)
+    assert share.turn("quiet") is None  # a tenant never waits on its own linger
+    share.leave("quiet", queued=False)
+    assert share.turn("quiet") is None
+    share.admitted("quiet", queued=True)
+    assert share.turn("quiet") is None
+
+
+async def test_the_oldest_lingers_end_first_and_a_renewed_one_moves_back() -> None:
+    share = FrontShare(per_pass=1, linger_s=0.15)
+    for tenant in ("a", "b"):
+        share.admitted(tenant, queued=False)
+        share.leave(tenant, queued=False)
+    await asyncio.sleep(0.1)
+    share.admitted("a", queued=False)
+    share.leave("a", queued=False)  # renewed: now b's linger ends first
+    await asyncio.sleep(0.08)  # b's is over, a's is not
+    share.admitted("b", queued=True)
+    assert share.turn("b") is not None  # gives way to a
+    share.leave("b", queued=True)
+    share.admitted("a", queued=True)  # a queues: nobody lingers now
+    assert share.turn("a") is None
