@@ -494,7 +494,7 @@ def _report(
         )
     if turns:  # app/node/front_share.py: the flood's calls giving the other tenant's their turn
         _line(
-            "per run: turns the flood's calls waited for in their fronts (up to 2 a call)",
+            "per run: turns the flood's calls waited for in their fronts (up to 3 a call)",
             " ".join(f"{t} ({t / max(1, r[f'flood_at_4x{tag}'].requests):.1f}/call)" for t, tag in zip(turns, tags, strict=False)),
         )
     if stalls:

@@ -121,7 +121,7 @@ def worker_states(samples: list[Sample]) -> Counter[str]:
 
 
 def front_turns(samples: list[Sample]) -> int:
-    """Turns waited for in the fronts so far (app/node/front_share.py): up to two a call."""
+    """Turns waited for in the fronts so far (app/node/front_share.py): up to three a call."""
     return int(_matching(samples, "tensorwasm_front_turns_total", {}))
 
 

@@ -7,12 +7,16 @@ run keeps every front busy with its own, and a call of another tenant waits behi
 of them: on a 16-core H200 host, a call at a time beside a flood at 4x its concurrency quota had
 3-4x its p99 alone, most of it between its worker's reply and its front taking it up. So a call
 admitted behind another at its worker waits for a turn twice, before it is sent and before its
-answer, whenever a *light* tenant (one with calls here admitted onto a free worker and none
-queued) other than its own has a call in this front: `per_pass` of the waiting calls go on at
-each pass of the event loop, so the light call's next step waits for those, not for every call
-of the flood. The calls that wait lose no worker time (their workers have calls queued before
-them), and each holds its admission slot, so the waiting are as bounded as the queue. With no
-light tenant's call here nothing waits, and tenants that all queue never wait on one another.
+answer, and a call of a tenant with such calls here once more, right after its key is checked
+(before its body, its function and its admission), whenever a *light* tenant (one with calls
+here admitted onto a free worker and none queued) other than its own has a call in this front,
+or had one within `linger_s`: `per_pass` of the waiting calls go on at each pass of the event
+loop, so the light call's next step waits for those, not for every call of the flood. The
+linger covers a light tenant's next call from its first step, before it is known to be light.
+The calls that wait lose no worker time (their workers have calls queued before them), and
+those admitted hold their slots, so the waiting are as bounded as the queue and the front's
+connections. With no light tenant here nothing waits, and tenants that all queue never wait on
+one another.
 """
 
 from __future__ import annotations
@@ -104,6 +108,13 @@ class FrontShare:
             self._draining = True
             loop.call_soon(self._drain)
         return fut
+
+    def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
+        """For a call not yet admitted, its key just checked: a turn as `turn` gives, when its
+        tenant has calls here queued at their workers (it likely queues too), else None."""
+        if tenant_id not in self._queued:
+            return None
+        return self.turn(tenant_id)
 
     def _drain(self) -> None:
         """Runs once per pass of the event loop while calls wait: lets them on in the order they

@@ -30,6 +30,9 @@ class LocalNode:
     def routed(self, tenant_id: str) -> bool:
         return True  # the scheduler is in this process: a lease asked early would save nothing
 
+    def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
+        return None
+
     def turn(self, lease: CallLease) -> asyncio.Future[None] | None:
         return None  # one process serves every call through its scheduler's own queue
 

@@ -40,6 +40,11 @@ class NodePort(Protocol):
         (False: its lease binds a spare or waits for a start)."""
         ...
 
+    def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
+        """Before a call's body, lookup and admission: a future to wait for first when its tenant
+        queues in this front and a light tenant's call is here, or None to go on at once."""
+        ...
+
     def turn(self, lease: CallLease) -> asyncio.Future[None] | None:
         """A future the call waits for before it goes on (it queued at its worker and a call of a
         tenant that does not queue is in this front), or None to go on at once."""

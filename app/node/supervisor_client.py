@@ -394,6 +394,9 @@ class SupervisorClient:
     def routed(self, tenant_id: str) -> bool:
         return bool(self._routes.get(tenant_id))
 
+    def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
+        return None if self.share is None else self.share.turn_ahead(tenant_id)
+
     def turn(self, lease: object) -> asyncio.Future[None] | None:
         if self.share is None or not isinstance(lease, DirectLease) or not lease.depth:
             return None

@@ -229,6 +229,8 @@ class Executor:
         on_chunk: Callable[[Payload], None] | None = None, args: list[str] | None = None, version: int | None = None,
     ) -> Execution:
         """`version`: the one the call pinned (X-Function-Version), else the active one."""
+        if (turn := self.node.turn_ahead(tenant.id)) is not None:  # its tenant queues in this front: a light call first
+            await turn
         ahead = self._lease_ahead(tenant, name, version)
         if ahead is None:
             meta, kernels = await self.lookup(tenant, name, version)

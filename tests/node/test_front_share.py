@@ -150,3 +150,20 @@ async def test_the_oldest_lingers_end_first_and_a_renewed_one_moves_back() -> No
     share.leave("b", queued=True)
     share.admitted("a", queued=True)  # a queues: nobody lingers now
     assert share.turn("a") is None
+
+
+async def test_a_call_not_yet_admitted_waits_ahead_only_when_its_tenant_queues_here() -> None:
+    share = FrontShare(per_pass=1)
+    share.admitted("quiet", queued=False)
+    assert share.turn_ahead("flood") is None  # nothing of the flood's queues here (yet)
+    share.admitted("flood", queued=False)
+    assert share.turn_ahead("flood") is None  # its call here went onto a free worker
+    share.admitted("flood", queued=True)
+    ahead, queued = share.turn_ahead("flood"), share.turn("flood")
+    assert ahead is not None and queued is not None and share.waiting == 2
+    assert share.turn_ahead("quiet") is None  # a light tenant never waits
+    await _pass()
+    assert ahead.done() and not queued.done()  # one a pass, in the order they came
+    share.leave("quiet", queued=False)
+    await _pass()
+    assert queued.done() and share.turn_ahead("flood") is None  # no light tenant here any more

@@ -3,7 +3,8 @@
 a name that does not exist is still 404 (429 when the lease's admission found the tenant over its
 rate) with the lease given back unused, and a caller gone meanwhile leaves no lease held. A tenant
 with a worker in the front's routes, a pinned version, a name known missing and a traced call
-read first, as before."""
+read first, as before. A call whose tenant queues in its front waits for its turn there
+(app/node/front_share.py) before any of it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ class _Node:
     grant: asyncio.Event = field(default_factory=asyncio.Event)
     refuse: Exception | None = None
     released: list[Outcome] = field(default_factory=list)
+    ahead: asyncio.Future[None] | None = None  # the turn a call waits for before its read and lease
+
+    def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
+        if self.ahead is not None:
+            self.events.append("turn ahead")
+        return self.ahead
 
     def routed(self, tenant_id: str) -> bool:
         return tenant_id in self.routed_tenants
@@ -126,6 +133,31 @@ async def test_a_first_call_asks_for_its_lease_before_its_function_is_read() -> 
     node.grant.set()
     ex = await asyncio.wait_for(call, 5)
     assert ex.stdout == b"in" and node.events[-1] == "exchange" and node.released == [Outcome.OK]
+
+
+async def test_a_call_of_a_tenant_that_queues_here_waits_for_its_turn_before_its_read_and_lease() -> None:
+    node = _Node(ahead=asyncio.get_running_loop().create_future())
+    fns = _Functions(node.events)
+    node.grant.set()
+    fns.found.set()
+    call = _call(_executor(node, fns), principal())
+    await _until(lambda: "turn ahead" in node.events)
+    await asyncio.sleep(0.01)
+    assert node.events == ["turn ahead"] and not call.done()  # nothing read, nothing admitted
+    assert node.ahead is not None
+    node.ahead.set_result(None)
+    ex = await asyncio.wait_for(call, 5)
+    assert bytes(ex.stdout) == b"in" and {"read", "lease"} <= set(node.events[1:]) and node.released == [Outcome.OK]
+
+
+async def test_a_caller_gone_while_it_waits_for_its_turn_ahead_leaves_nothing_held() -> None:
+    node = _Node(ahead=asyncio.get_running_loop().create_future())
+    call = _call(_executor(node, _Functions(node.events)), principal())
+    await _until(lambda: "turn ahead" in node.events)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert node.events == ["turn ahead"] and node.released == []
 
 
 @pytest.mark.parametrize("case", ["routed", "pinned", "cached", "traced"])
