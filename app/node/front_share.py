@@ -7,8 +7,8 @@ run keeps every front busy with its own, and a call of another tenant waits behi
 of them: on a 16-core H200 host, a call at a time beside a flood at 4x its concurrency quota had
 3-4x its p99 alone, most of it between its worker's reply and its front taking it up. So a call
 admitted behind another at its worker waits for a turn twice, before it is sent and before its
-answer, and a call of a tenant with such calls here once more, right after its key is checked
-(before its body, its function and its admission), whenever a *light* tenant (one with calls
+answer, and a call of a tenant with such calls here once more, as it reaches the executor
+(before its function is looked up and it is admitted), whenever a *light* tenant (one with calls
 here admitted onto a free worker and none queued) other than its own has a call in this front,
 or had one within `linger_s`: `per_pass` of the waiting calls go on at each pass of the event
 loop, so the light call's next step waits for those, not for every call of the flood. The
@@ -110,7 +110,7 @@ class FrontShare:
         return fut
 
     def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
-        """For a call not yet admitted, its key just checked: a turn as `turn` gives, when its
+        """For a call not yet looked up nor admitted: a turn as `turn` gives, when its
         tenant has calls here queued at their workers (it likely queues too), else None."""
         if tenant_id not in self._queued:
             return None

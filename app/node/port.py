@@ -41,7 +41,7 @@ class NodePort(Protocol):
         ...
 
     def turn_ahead(self, tenant_id: str) -> asyncio.Future[None] | None:
-        """Before a call's body, lookup and admission: a future to wait for first when its tenant
+        """Before a call's lookup and admission: a future to wait for first when its tenant
         queues in this front and a light tenant's call is here, or None to go on at once."""
         ...
 
