@@ -78,7 +78,9 @@ class FrontShare:
         elif tenant_id in self._light:  # its last call here is over, and it left light
             self._light.discard(tenant_id)
             if self.linger_s > 0:
-                lingering[tenant_id] = time.monotonic() + self.linger_s
+                now = time.monotonic()
+                self._expire(now)  # so the lingering stay those of the last linger_s
+                lingering[tenant_id] = now + self.linger_s
                 lingering.move_to_end(tenant_id)
 
     def _gives_way(self, tenant_id: str) -> bool:
@@ -90,10 +92,13 @@ class FrontShare:
         lingering = self._lingering
         if not lingering:
             return False
-        now = time.monotonic()
+        self._expire(time.monotonic())
+        return len(lingering) > 1 or (len(lingering) == 1 and tenant_id not in lingering)
+
+    def _expire(self, now: float) -> None:
+        lingering = self._lingering
         while lingering and lingering[next(iter(lingering))] <= now:  # the oldest first
             lingering.popitem(last=False)
-        return len(lingering) > 1 or (len(lingering) == 1 and tenant_id not in lingering)
 
     def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
         """For a call admitted behind another: a future done at its turn, or None when it goes on
@@ -139,6 +144,11 @@ class FrontShare:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def lingering(self) -> int:
+        """Tenants that count as light here for their linger (some maybe past it, until looked at)."""
+        return len(self._lingering)
 
     @property
     def waited(self) -> int:

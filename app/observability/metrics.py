@@ -121,7 +121,7 @@ class Metrics:
         # turns calls waited for in their front (app/node/front_share.py)
         self.front_turns = Counter(
             "tensorwasm_front_turns",
-            "Turns calls waited for in their front, up to three a call: their tenant queued at its workers while a light tenant's call was there or had just been",
+            "Turns calls waited for in their front, up to three a call: their tenant queued at its workers while a light tenant called there",
             registry=r,
         )
         self.auth_failures = Counter(

@@ -137,14 +137,14 @@ async def test_a_lingering_tenant_that_queues_or_calls_again_is_weighed_anew() -
 
 
 async def test_the_oldest_lingers_end_first_and_a_renewed_one_moves_back() -> None:
-    share = FrontShare(per_pass=1, linger_s=0.15)
+    share = FrontShare(per_pass=1, linger_s=0.5)
     for tenant in ("a", "b"):
         share.admitted(tenant, queued=False)
         share.leave(tenant, queued=False)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
     share.admitted("a", queued=False)
     share.leave("a", queued=False)  # renewed: now b's linger ends first
-    await asyncio.sleep(0.08)  # b's is over, a's is not
+    await asyncio.sleep(0.3)  # b's is over, a's is not (0.2 s of it left)
     share.admitted("b", queued=True)
     assert share.turn("b") is not None  # gives way to a
     share.leave("b", queued=True)
@@ -167,3 +167,17 @@ async def test_a_call_not_yet_admitted_waits_ahead_only_when_its_tenant_queues_h
     share.leave("quiet", queued=False)
     await _pass()
     assert queued.done() and share.turn_ahead("flood") is None  # no light tenant here any more
+
+
+async def test_lingers_past_their_time_are_let_go_while_a_light_call_stays() -> None:
+    """A front where a light tenant always has a call keeps no more lingering tenants than the
+    last linger saw, however many tenants pass through it."""
+    share = FrontShare(per_pass=1, linger_s=0.05)
+    share.admitted("steady", queued=False)
+    for i in range(100):
+        share.admitted(f"t{i}", queued=False)
+        share.leave(f"t{i}", queued=False)
+    await asyncio.sleep(0.1)
+    share.admitted("last", queued=False)
+    share.leave("last", queued=False)
+    assert share.lingering == 1
