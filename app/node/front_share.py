@@ -46,7 +46,7 @@ class FrontShare:
         self._lingering: OrderedDict[str, float] = OrderedDict()
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
-        self.per_pass = per_pass  # queued calls let on at each pass while a light tenant's call is here
+        self.per_pass = per_pass  # waiting calls let on at each pass while a light tenant is here or lingers
         self.linger_s = linger_s  # how long a light tenant still counts as here after its last call
         # turns waited for, held until the front publishes its counts (app/observability/pending.py)
         self.held = Held()
@@ -102,7 +102,7 @@ class FrontShare:
 
     def turn(self, tenant_id: str) -> asyncio.Future[None] | None:
         """For a call admitted behind another: a future done at its turn, or None when it goes on
-        at once (no light tenant's call here)."""
+        at once (no light tenant's call here, none lingering)."""
         if not self._gives_way(tenant_id):
             return None
         loop = asyncio.get_running_loop()
