@@ -355,6 +355,11 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
+def children_of(pid: int) -> list[int]:
+    """`pid`'s live children, walking /proc."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_of(int(e)) == pid and process_alive(int(e))]
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (fronts, workers, the fork server), walking /proc."""
     children: dict[int, list[int]] = {}

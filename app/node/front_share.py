@@ -42,7 +42,7 @@ class FrontShare:
         self._light: set[str] = set()
         # tenants whose last call here left light, until when they still count as light: a light
         # tenant's next call is given way from its first step (its bytes read, its key checked),
-        # before it is known to be light again. Ordered by that time (a renewal moves to the end).
+        # before it is known to be light again. Ordered by that time (each enters anew, last).
         self._lingering: OrderedDict[str, float] = OrderedDict()
         self._waiting: deque[tuple[str, asyncio.Future[None]]] = deque()  # (tenant id, its turn)
         self._draining = False
@@ -80,20 +80,17 @@ class FrontShare:
             if self.linger_s > 0:
                 now = time.monotonic()
                 self._expire(now)  # so the lingering stay those of the last linger_s
-                lingering[tenant_id] = now + self.linger_s
-                lingering.move_to_end(tenant_id)
+                lingering[tenant_id] = now + self.linger_s  # not there while light: it goes last
 
     def _gives_way(self, tenant_id: str) -> bool:
         """Whether a light tenant other than this one has a call here, or had one within the
         linger."""
-        light = self._light
-        if len(light) > 1 or (len(light) == 1 and tenant_id not in light):
+        if _another(self._light, tenant_id):
             return True
-        lingering = self._lingering
-        if not lingering:
+        if not self._lingering:
             return False
         self._expire(time.monotonic())
-        return len(lingering) > 1 or (len(lingering) == 1 and tenant_id not in lingering)
+        return _another(self._lingering, tenant_id)
 
     def _expire(self, now: float) -> None:
         lingering = self._lingering
@@ -154,3 +151,8 @@ class FrontShare:
     def waited(self) -> int:
         """Turns waited for since the front last published its counts."""
         return int(self.held.amount)
+
+
+def _another(tenants: set[str] | OrderedDict[str, float], tenant_id: str) -> bool:
+    """Whether `tenants` holds one other than `tenant_id`."""
+    return len(tenants) > 1 or (len(tenants) == 1 and tenant_id not in tenants)

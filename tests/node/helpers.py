@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from sqlalchemy.engine import make_url
 
-from tests.helpers import ADMIN, descendants, parent_of
+from tests.helpers import ADMIN, children_of
 
 FRONT = "app.node.front"
 NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
@@ -30,9 +30,7 @@ def fronts(supervisor: int) -> list[int]:
     """The supervisor's fronts: its own children (a process a front forks bears the front's
     command line until it execs)."""
     out = []
-    for pid in descendants(supervisor):
-        if parent_of(pid) != supervisor:
-            continue
+    for pid in children_of(supervisor):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
