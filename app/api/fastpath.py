@@ -7,12 +7,12 @@ observability and auth gate, each wrapping the call and its `send`) a few µs ea
 path sits outside them all and does what they would do for this one request, from the same
 functions: the request id and access line (app/observability/middleware.py), the key check
 before the body (app/api/gate.py), and the call (app/api/sync_call.py), whose success it sends as
-raw ASGI messages. The call's lease is given back once its answer is written (`after_answer` in
-app/services/invocations.py). Only a `POST /v1/functions/{name}/invoke` with a valid name and no streaming
-takes it; anything else goes through FastAPI as before, and while tracing is on the app does not
-install it (app/main.py: its instrumentation wraps FastAPI's own stack). Errors map through the
-app's own exception handlers, so both paths answer alike; one that has none is answered by the
-app's handler for Exception and raised again, as FastAPI's server-error layer does.
+raw ASGI messages; the call's lease is given back once its answer is written (`after_answer` in
+app/services/invocations.py). Only a `POST /v1/functions/{name}/invoke` with a valid name and no
+streaming takes it; anything else goes through FastAPI as before, and while tracing is on the app
+does not install it (app/main.py: its instrumentation wraps FastAPI's own stack). Errors map
+through the app's own exception handlers, so both paths answer alike; one that has none is
+answered by the app's handler for Exception and raised again, as FastAPI's server-error layer does.
 """
 
 from __future__ import annotations
