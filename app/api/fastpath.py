@@ -7,19 +7,17 @@ observability and auth gate, each wrapping the call and its `send`) a few µs ea
 path sits outside them all and does what they would do for this one request, from the same
 functions: the request id and access line (app/observability/middleware.py), the key check
 before the body (app/api/gate.py), and the call (app/api/sync_call.py), whose success it sends as
-raw ASGI messages; the call's lease is given back once its answer is written (`after_answer` in
-app/services/invocations.py). Only a `POST /v1/functions/{name}/invoke` with a valid name and no
-streaming takes it; anything else goes through FastAPI as before, and while tracing is on the app
-does not install it (app/main.py: its instrumentation wraps FastAPI's own stack). Errors map
-through the app's own exception handlers, so both paths answer alike; one that has none is
-answered by the app's handler for Exception and raised again, as FastAPI's server-error layer does.
+raw ASGI messages. Only a `POST /v1/functions/{name}/invoke` with a valid name and no streaming
+takes it; anything else goes through FastAPI as before, and while tracing is on the app does not
+install it (app/main.py: its instrumentation wraps FastAPI's own stack). Errors map through the
+app's own exception handlers, so both paths answer alike; one that has none is answered by the
+app's handler for Exception and raised again, as FastAPI's server-error layer does.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,7 +30,6 @@ from app.api.sync_call import CallHead, run_call, send_outcome
 from app.node.spin import AWAKE
 from app.observability.middleware import end_request, start_request
 from app.observability.phases import RESPOND, WHOLE_BYTES, answered, clock, lap
-from app.services.invocations import after_answer
 
 _PREFIX, _SUFFIX = "/v1/functions/", "/invoke"
 _TEMPLATE = f"{_PREFIX}{{name}}{_SUFFIX}"
@@ -56,8 +53,6 @@ class InvokeFastPath:
         rid = (b"x-request-id", start_request(scope))
         status = 500
         t0 = time.perf_counter()
-        later: list[Callable[[], None]] = []  # the call's lease, given back once its answer is written
-        token = after_answer.set(later)
         try:
             try:
                 tenant = await gate_tenant(state.platform, scope)
@@ -73,9 +68,6 @@ class InvokeFastPath:
                 answered(t)
             AWAKE.poke()  # the client's next request read as it lands
         finally:
-            after_answer.reset(token)
-            for step in later:  # whatever happened to the answer
-                step()
             end_request(state.metrics, state.settings.access_log, scope, _TEMPLATE, status, time.perf_counter() - t0)
 
     async def _answer_error(self, exc: Exception, scope: Scope, receive: Receive, send: Send, rid: tuple[bytes, bytes]) -> int:

@@ -10,11 +10,9 @@ records the invocation and gives the router what to answer.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -38,14 +36,6 @@ from app.settings import Settings
 from app.worker.handle import WorkerLost
 
 log = logging.getLogger(__name__)
-
-# Set by an HTTP path that writes a call's answer as soon as it has it (app/api/fastpath.py): the
-# lease of a call that ran through is then given back right after its answer is written, by that
-# path, rather than before it: the answer leaves that much sooner (the table's step, the share's
-# count, the connection pooled: 7-8 µs a call at c=1 on a 16-core H200 host). In the same step of
-# the call's task, so the slot is free before the front reads anything else. Unset (None), for any
-# other outcome, and for a call that waits for a turn before its answer, it is given back before.
-after_answer: ContextVar[list[Callable[[], None]] | None] = ContextVar("after_answer", default=None)
 
 _STATUS: dict[RunStatus, InvocationStatus] = {
     RunStatus.OK: InvocationStatus.SUCCEEDED,
@@ -346,19 +336,12 @@ class Executor:
                 log.error("worker answered a run with %s", reply)
                 raise WorkerCrashed()
             soon(METRICS, self.metrics.ran, tenant.name, reply.duration_ms / 1000)
-        except BaseException:
+        finally:
             if outcome is not None:
-                self._release(lease, outcome, kernels.version)
-            raise
-        turn = self.node.turn(lease)  # and once more before it answers
-        # given back after the answer where the call's path writes it at once, unless it waits
-        # for a turn first (a slot held through the wait would read as a queue in other fronts)
-        later = after_answer.get() if outcome == Outcome.OK and turn is None else None
-        if later is not None:
-            later.append(functools.partial(self._release, lease, outcome, kernels.version))
-        else:
-            self._release(lease, outcome, kernels.version)
-        if turn is not None:
+                t = clock()
+                self.node.release(lease, outcome, kernels.version)
+                lap(RELEASE, t)
+        if (turn := self.node.turn(lease)) is not None:  # and once more before it answers
             try:
                 await turn
             except asyncio.CancelledError:
@@ -368,11 +351,6 @@ class Executor:
                 assert task is not None
                 task.uncancel()
         return reply, out
-
-    def _release(self, lease: CallLease, outcome: Outcome, kernels_version: str) -> None:
-        t = clock()
-        self.node.release(lease, outcome, kernels_version)
-        lap(RELEASE, t)
 
 
 @dataclass

@@ -159,30 +159,3 @@ async def test_an_unexpected_error_is_answered_500_and_raised_to_the_server(data
             assert r.status_code == 500 and r.json()["error"]["code"] == "internal" and r.headers["x-request-id"] == "e-1"
             with pytest.raises(RuntimeError, match="boom"):
                 await raised.post("/v1/functions/echo/invoke", content=b"x", headers=key)
-
-
-async def test_a_fast_path_call_gives_its_lease_back_once_its_answer_is_written(
-    client: httpx.AsyncClient, platform: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _, key = await new_tenant(client)
-    assert (await deploy(client, key, "echo", wat("echo"))).status_code == 201
-    seen: list[str] = []
-    node, send_outcome, release = platform.executor.node, fastpath.send_outcome, platform.executor.node.release
-
-    async def answered(*args: Any) -> int:
-        status = await send_outcome(*args)
-        seen.append(f"answered {status}")
-        return status
-
-    def released(lease: Any, outcome: Any, kernels_version: str) -> None:
-        seen.append(f"released {outcome.value}")
-        release(lease, outcome, kernels_version)
-
-    monkeypatch.setattr(fastpath, "send_outcome", answered)
-    monkeypatch.setattr(node, "release", released)
-    r = await client.post("/v1/functions/echo/invoke", content=b"x", headers=key)
-    assert r.status_code == 200 and r.content == b"x"
-    assert seen == ["answered 200", "released ok"]
-    seen.clear()
-    r = await client.post("/v1/functions/nothing-here/invoke", content=b"x", headers=key)  # no lease taken
-    assert r.status_code == 404 and seen == []

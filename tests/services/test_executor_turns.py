@@ -1,5 +1,5 @@
 """Where a call takes its front's turns in the executor (app/services/invocations.py, Executor._call;
-app/node/front_share.py): after its lease and before it is sent, and, its lease given back, before
+app/node/front_share.py): after its lease and before it is sent, and after its release before
 it answers; a run that ended stands even if its caller goes away during the second turn."""
 
 from __future__ import annotations
@@ -60,8 +60,7 @@ async def test_a_call_waits_for_a_turn_before_it_is_sent_and_before_it_answers()
     assert node.events == ["lease", "turn"]  # leased, not sent
     node.turns[0].set_result(None)
     await _until_turns(node, 2)
-    # its second turn asked, then its slot given back before it waits: released, not answered
-    assert node.events == ["lease", "turn", "exchange", "turn", f"release {Outcome.OK.value}"]
+    assert node.events == ["lease", "turn", "exchange", f"release {Outcome.OK.value}", "turn"]  # released, not answered
     assert not call.done()
     node.turns[1].set_result(None)
     reply, out = await asyncio.wait_for(call, 5)
@@ -87,4 +86,4 @@ async def test_a_run_that_ended_stands_if_its_caller_goes_during_the_second_turn
     call.cancel()  # its client went away while the answer waited for its turn
     reply, out = await asyncio.wait_for(call, 5)
     assert reply.status == RunStatus.OK and bytes(out) == b"in"
-    assert node.events[-2:] == ["turn", f"release {Outcome.OK.value}"]
+    assert node.events[-2:] == [f"release {Outcome.OK.value}", "turn"]
