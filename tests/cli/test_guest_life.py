@@ -115,7 +115,12 @@ def test_logs_follow_shows_a_guest_line_within_a_second(tw: Callable[..., Result
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWASM_")}
     env.update(TENSORWASM_URL=node.url, TENSORWASM_API_KEY=str(key["TENSORWASM_API_KEY"]))
-    follower = subprocess.Popen([sys.executable, "-m", "app.cli", "logs", "talker", "-f"], env=env, stdout=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal gives it to a command in the foreground: this suite may itself run as a
+    # shell's background job, whose children inherit SIGINT ignored (Python then leaves it so)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "logs", "talker", "-f"], env=env, stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines: list[tuple[str, float]] = []
 
     def read() -> None:

@@ -169,6 +169,30 @@ async def tenant_busy(client: httpx.AsyncClient, tenant_id: str) -> dict[str, An
     return next((w for w in workers if w["tenant_id"] == tenant_id and w["state"] == "busy"), None)
 
 
+async def spinning(client: httpx.AsyncClient, key: dict[str, str], name: str = "write_then_spin") -> asyncio.Task[str]:
+    """A streamed call of a guest that writes a line and then spins (tests/guests/write_then_spin.wat),
+    returned once that line came: the guest runs on its worker. (A worker shown busy may not hold
+    the call yet: a front counts a call at its worker before it writes it there, so a call from
+    another front could still reach the worker first.) The task gives the whole stream's text."""
+    first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def call() -> str:
+        text = ""
+        async with client.stream("POST", f"/v1/functions/{name}/invoke", headers={**key, "Accept": "text/event-stream"}) as s:
+            async for chunk in s.aiter_text():
+                text += chunk
+                if "event: output" in text and not first.done():
+                    first.set_result(None)
+        return text
+
+    task = asyncio.create_task(call())
+    await asyncio.wait({task, first}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    if not first.done():
+        task.cancel()
+        raise AssertionError(f"the guest never wrote its line: {task.result() if task.done() and not task.exception() else task}")
+    return task
+
+
 def samples(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
