@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from sqlalchemy.engine import make_url
 
+from app.worker.stats import StatsPage
 from tests.helpers import ADMIN, children_of
 
 FRONT = "app.node.front"
@@ -163,34 +164,32 @@ async def both_fronts(proc: Any, count: int = 2) -> list[int]:
 
 
 async def tenant_busy(client: httpx.AsyncClient, tenant_id: str) -> dict[str, Any] | None:
+    """A worker of the tenant that runs a call: shown busy, and its stats page marks a run in
+    progress. Busy alone is not enough: a front counts a call at its worker before it writes it
+    there, so a call sent from another front meanwhile could still reach the worker first."""
     r = await client.get("/v1/admin/workers", headers=ADMIN)
     assert r.status_code == 200, r.text
     workers = r.json()
-    return next((w for w in workers if w["tenant_id"] == tenant_id and w["state"] == "busy"), None)
+    busy = next((w for w in workers if w["tenant_id"] == tenant_id and w["state"] == "busy"), None)
+    return busy if busy is not None and _runs(busy["id"]) else None
 
 
-async def spinning(client: httpx.AsyncClient, key: dict[str, str], name: str = "write_then_spin") -> asyncio.Task[str]:
-    """A streamed call of a guest that writes a line and then spins (tests/guests/write_then_spin.wat),
-    returned once that line came: the guest runs on its worker. (A worker shown busy may not hold
-    the call yet: a front counts a call at its worker before it writes it there, so a call from
-    another front could still reach the worker first.) The task gives the whole stream's text."""
-    first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def call() -> str:
-        text = ""
-        async with client.stream("POST", f"/v1/functions/{name}/invoke", headers={**key, "Accept": "text/event-stream"}) as s:
-            async for chunk in s.aiter_text():
-                text += chunk
-                if "event: output" in text and not first.done():
-                    first.set_result(None)
-        return text
-
-    task = asyncio.create_task(call())
-    await asyncio.wait({task, first}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    if not first.done():
-        task.cancel()
-        raise AssertionError(f"the guest never wrote its line: {task.result() if task.done() and not task.exception() else task}")
-    return task
+def _runs(worker_id: str) -> bool:
+    """The worker's stats page (app/worker/stats.py) marks a run in progress; with no shared
+    memory to look in (the page is then in the node's data directory), busy has to do."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return True
+    for path in shm.glob(f"tensorwasm-worker-*-{worker_id}.stats"):
+        try:
+            page = StatsPage(path, create=False)
+        except OSError:  # the worker's page removed meanwhile
+            continue
+        try:
+            return page.get("running") != 0
+        finally:
+            page.close()
+    return False
 
 
 def samples(text: str, name: str, **labels: str) -> float:

@@ -17,7 +17,7 @@ import pytest
 import wasmtime
 
 from tests.helpers import ADMIN, ADMIN_TOKEN, GUESTS, deploy, new_tenant, process_alive, server_process, wat
-from tests.node.helpers import both_fronts, http, only, pinned, samples, spinning, tenant_busy, until
+from tests.node.helpers import both_fronts, http, only, pinned, samples, tenant_busy, until
 
 FRONTS = 3
 
@@ -180,13 +180,14 @@ async def test_a_call_queued_at_its_worker_past_the_queue_wait_is_refused_and_th
     fronts = await both_fronts(proc, FRONTS)
     async with http(base) as admin:
         tid, key = await new_tenant(admin, max_concurrency=1, timeout_ms=6_000)
-        assert (await deploy(admin, key, "write_then_spin", wat("write_then_spin"))).status_code == 201
+        assert (await deploy(admin, key, "loop", wat("loop"))).status_code == 201
         assert (await deploy(admin, key, "echo", wat("echo"))).status_code == 201
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(pinned(base, f, fronts)) for f in fronts]
             for client in clients:  # bound, and each front routes the tenant's calls to its worker
                 assert (await client.post("/v1/functions/echo/invoke", headers=key, content=b"warm")).status_code == 200
-            running = await spinning(admin, key)
+            running = asyncio.create_task(admin.post("/v1/functions/loop/invoke", headers=key))
+            await until(lambda: tenant_busy(admin, tid), "the endless call to run")
 
             async def queued(client: Any) -> tuple[int, str, str | None, float]:
                 t0 = time.monotonic()
@@ -198,8 +199,8 @@ async def test_a_call_queued_at_its_worker_past_the_queue_wait_is_refused_and_th
             for status, message, retry_after, waited in answers:
                 assert status == 429 and "queue wait (2000 ms)" in message and retry_after == "1", answers
                 assert 1.5 < waited < 5.0, answers
-            stream = await running  # streamed: the deadline ends it with an `end` event saying so
-            assert '"status": "timeout"' in stream.rsplit("event: end", 1)[-1], stream
+            r = await running
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", r.text
         for _ in range(10):  # its worker was replaced: a start that outlasts the queue wait is a 503 to retry
             r = await admin.post("/v1/functions/echo/invoke", headers=key, content=b"after")
             if r.status_code != 503:
@@ -280,12 +281,13 @@ async def test_a_call_that_waits_out_the_queue_wait_under_its_limit_is_told_why(
             _, other = await new_tenant(client)
             assert (await deploy(client, other, "echo", wat("echo"))).status_code == 201
             assert (await client.post("/v1/functions/echo/invoke", headers=other, content=b"x")).status_code == 200
-            _, mine = await new_tenant(client, max_concurrency=2, timeout_ms=30_000)
-            for fn in ("write_then_spin", "echo"):
+            tid, mine = await new_tenant(client, max_concurrency=2, timeout_ms=30_000)
+            for fn in ("loop", "echo"):
                 assert (await deploy(client, mine, fn, wat(fn))).status_code == 201
             assert (await client.post("/v1/functions/echo/invoke", headers=mine, content=b"x")).status_code == 200
-            running = await spinning(caller, mine)
+            running = asyncio.create_task(caller.post("/v1/functions/loop/invoke", headers=mine))
             try:
+                await until(lambda: tenant_busy(client, tid), "the endless call to run")
                 r = await client.post("/v1/functions/echo/invoke", headers=mine, content=b"late")
                 assert r.status_code == 429 and r.headers.get("retry-after") == "1", r.text
                 message = r.json()["error"]["message"]
