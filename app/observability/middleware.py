@@ -4,12 +4,12 @@ task or body wrapping, unlike BaseHTTPMiddleware)."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import MutableMapping
 from typing import Any
 
+from app.db.ids import new_request_id
 from app.observability import context as ctx
 from app.observability.metrics import Metrics
 from app.observability.phases import METRICS, clock, lap
@@ -40,7 +40,7 @@ def start_request(scope: MutableMapping[str, Any]) -> bytes:
             if _REQUEST_ID.fullmatch(v):  # anything else is replaced, never echoed
                 rid = v.decode("ascii")
             break
-    rid = rid or os.urandom(8).hex()
+    rid = rid or new_request_id()
     ctx.request_id.set(rid)
     ctx.tenant.set(None)
     ctx.invocation_id.set(None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -29,3 +30,30 @@ def test_an_id_carries_its_creation_millisecond_and_later_ids_sort_after() -> No
 def test_ids_made_in_the_same_millisecond_differ() -> None:
     ids = [new_invocation_id() for _ in range(100_000)]
     assert len(set(ids)) == len(ids)
+
+
+def test_request_ids_are_16_hex_digits_and_differ_across_batches() -> None:
+    from app.db.ids import new_request_id
+
+    ids = [new_request_id() for _ in range(10_000)]  # many batches
+    assert all(len(i) == 16 and int(i, 16) >= 0 and i == i.lower() for i in ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_forked_child_never_hands_out_its_parents_remaining_ids() -> None:
+    from app.db.ids import new_request_id
+
+    new_invocation_id(), new_request_id()  # a batch of each is drawn, most of it left
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        try:
+            os.write(write, " ".join([new_invocation_id()[12:] for _ in range(50)] + [new_request_id() for _ in range(50)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child = set(f.read().split())
+    os.waitpid(pid, 0)
+    parent = {new_invocation_id()[12:] for _ in range(50)} | {new_request_id() for _ in range(50)}
+    assert len(child) == 100 and not child & parent
