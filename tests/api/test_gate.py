@@ -125,3 +125,22 @@ async def test_calls_that_bring_an_uncached_key_together_share_one_lookup(client
     assert (await waiting).status_code == 200
     assert (await client.get("/v1/functions", headers=key)).status_code == 401
     assert len(looked_up) == 3
+
+
+async def test_a_key_seen_before_is_refused_once_revoked_and_a_long_header_is_not_held(client: httpx.AsyncClient) -> None:
+    # the front keeps each key-sized header's digest (app/api/deps.py): a pure function of the
+    # header, so a revocation still acts on the next call; a longer header is parsed every time
+    from app.api.deps import _SEEN_MAX, _digest_seen
+
+    tid, key = await new_tenant(client)
+    for _ in range(2):
+        assert (await client.get("/v1/functions", headers=key)).status_code == 200
+    created = (await client.get(f"/v1/admin/tenants/{tid}/api-keys", headers=ADMIN)).json()[0]
+    padded = {"Authorization": "Bearer" + " " * _SEEN_MAX + key["Authorization"].removeprefix("Bearer ")}
+    held = _digest_seen.cache_info().currsize
+    assert (await client.get("/v1/functions", headers=padded)).status_code == 200  # the same key, padded
+    assert _digest_seen.cache_info().currsize == held
+    assert (await client.delete(f"/v1/admin/tenants/{tid}/api-keys/{created['id']}", headers=ADMIN)).status_code == 204
+    for headers in (key, padded):
+        r = await client.get("/v1/functions", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
