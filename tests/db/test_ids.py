@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -41,19 +42,23 @@ def test_request_ids_are_16_hex_digits_and_differ_across_batches() -> None:
 
 
 def test_a_forked_child_never_hands_out_its_parents_remaining_ids() -> None:
-    from app.db.ids import new_request_id
+    # in a process of its own: forking this one (threads of earlier tests in it) could deadlock
+    script = """
+import os
+from app.db.ids import new_invocation_id, new_request_id
 
-    new_invocation_id(), new_request_id()  # a batch of each is drawn, most of it left
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next ids, to the parent
-        try:
-            os.write(write, " ".join([new_invocation_id()[12:] for _ in range(50)] + [new_request_id() for _ in range(50)]).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        child = set(f.read().split())
-    os.waitpid(pid, 0)
-    parent = {new_invocation_id()[12:] for _ in range(50)} | {new_request_id() for _ in range(50)}
-    assert len(child) == 100 and not child & parent
+new_invocation_id(), new_request_id()  # a batch of each is drawn, most of it left
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: its next ids, to the parent
+    os.write(write, " ".join([new_invocation_id()[12:] for _ in range(50)] + [new_request_id() for _ in range(50)]).encode())
+    os._exit(0)
+os.close(write)
+with os.fdopen(read) as f:
+    child = set(f.read().split())
+os.waitpid(pid, 0)
+parent = {new_invocation_id()[12:] for _ in range(50)} | {new_request_id() for _ in range(50)}
+print(len(child), len(child & parent))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out == ["100", "0"]
