@@ -9,8 +9,8 @@ milliseconds, then 74 random bits), so they also sort by creation to the millise
 
 Both are made on every call, on its path: their random parts come from the OS a batch at a time
 (one `getrandom` per batch, not one an id), already in hex. Made one by one (`os.urandom`, an
-int's arithmetic and formatting) an invocation id cost 2.0 µs and a request id 0.67 µs on the
-2-core dev VM; from a batch 0.6 and 0.2.
+int's arithmetic and formatting) an invocation id cost 1.3-2.0 µs and a request id 0.5-0.7 µs
+on the 2-core dev VM; from a batch 0.6-0.7 and 0.2-0.3.
 """
 
 from __future__ import annotations
