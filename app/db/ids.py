@@ -40,11 +40,11 @@ def _batch(size: int, versioned: bool) -> list[str]:
 
 
 def _take(pool: list[str], size: int, versioned: bool) -> str:
-    try:
-        return pool.pop()  # one step under the GIL: two threads never take the same one
-    except IndexError:
-        pool.extend(_batch(size, versioned))
-        return pool.pop()
+    while True:
+        try:
+            return pool.pop()  # one step under the GIL: two threads never take the same one
+        except IndexError:  # empty (emptied again by other threads meanwhile: another batch)
+            pool.extend(_batch(size, versioned))
 
 
 def new_invocation_id() -> str:
